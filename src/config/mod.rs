@@ -1,0 +1,483 @@
+//! Configuration: plain serde structs with documented defaults, one
+//! `validate()` at load that names the bad key and value, and `LEVEE_*`
+//! environment overrides applied before validation.
+//!
+//! Every field has a default, so an empty file (or no file at all) is a valid
+//! configuration: the gateway then runs on its embedded defaults.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+mod env;
+mod error;
+
+pub use env::{apply_env, OVERRIDES};
+pub use error::ConfigError;
+
+/// Default listen address (`server.listen`, `LEVEE_LISTEN`).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default request body limit (`server.max_body_bytes`): 64 KiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+/// Default bound on draining in-flight requests at shutdown.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default LLM model name sent to an OpenAI-compatible endpoint.
+pub const DEFAULT_LLM_MODEL: &str = "gpt-4o-mini";
+/// Default embedding model sent to `/v1/embeddings`.
+pub const DEFAULT_EMBEDDING_MODEL: &str = "text-embedding-3-small";
+/// Default name of the environment variable holding the LLM API key.
+pub const DEFAULT_LLM_API_KEY_ENV: &str = "LEVEE_LLM_API_KEY";
+/// Default whole-call timeout for one LLM request.
+pub const DEFAULT_LLM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default TCP connect timeout for upstream clients.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default `max_tokens` asked of the LLM.
+pub const DEFAULT_LLM_MAX_TOKENS: u32 = 512;
+/// Default Qdrant collection.
+pub const DEFAULT_COLLECTION: &str = "acme_kb";
+/// Default number of passages retrieved per question.
+pub const DEFAULT_TOP_K: usize = 3;
+/// Default timeout for one vector-store call.
+pub const DEFAULT_VECTOR_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default payload field holding a passage's text.
+pub const DEFAULT_TEXT_FIELD: &str = "text";
+/// Default cap on remembered turns per thread (a turn is one message).
+pub const DEFAULT_MEMORY_MAX_TURNS: usize = 20;
+/// Default cap on remembered bytes per thread.
+pub const DEFAULT_MEMORY_MAX_BYTES: usize = 16 * 1024;
+/// Default time a thread is remembered after its last message.
+pub const DEFAULT_MEMORY_TTL: Duration = Duration::from_secs(3600);
+/// Default cap on threads held by the in-process memory.
+pub const DEFAULT_MEMORY_MAX_THREADS: usize = 10_000;
+/// Default timeout for one Redis command.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default longest accepted chat message, in bytes.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 8 * 1024;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// HTTP listener and request handling.
+    pub server: ServerConfig,
+    /// The LLM: empty `url` selects the built-in extractive answerer.
+    pub llm: LlmConfig,
+    /// The vector store: empty `url` selects the built-in index.
+    pub vector_store: VectorStoreConfig,
+    /// Conversation memory per thread.
+    pub memory: MemoryConfig,
+    /// The router stage's rules.
+    pub router: RouterConfig,
+    /// Redis, shared by conversation memory and (later) the limiter.
+    pub redis: RedisConfig,
+}
+
+/// HTTP listener and request handling.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on. Default `127.0.0.1:8080`.
+    pub listen: String,
+    /// Largest accepted request body in bytes. Default 64 KiB.
+    pub max_body_bytes: usize,
+    /// Longest accepted chat `message` in bytes. Default 8 KiB.
+    pub max_message_bytes: usize,
+    /// Bound on draining in-flight requests at shutdown. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+/// The LLM upstream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmConfig {
+    /// OpenAI-compatible base URL, e.g. `http://127.0.0.1:9000/v1`. Empty
+    /// (the default) selects the built-in extractive answerer.
+    pub url: String,
+    /// Model name sent with each completion. Default `gpt-4o-mini`.
+    pub model: String,
+    /// Model name sent to `/embeddings`. Default `text-embedding-3-small`.
+    pub embedding_model: String,
+    /// Name of the environment variable that holds the API key (the key
+    /// itself never lives in the config file). Default `LEVEE_LLM_API_KEY`.
+    pub api_key_env: String,
+    /// Whole-call timeout. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// TCP connect timeout. Default 2 s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// `max_tokens` asked of the model. Default 512.
+    pub max_tokens: u32,
+}
+
+/// The vector store upstream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VectorStoreConfig {
+    /// Qdrant base URL, e.g. `http://127.0.0.1:6333`. Empty (the default)
+    /// selects the built-in in-process index over the Acme knowledge base.
+    pub url: String,
+    /// Collection searched. Default `acme_kb`.
+    pub collection: String,
+    /// Passages retrieved per question. Default 3.
+    pub top_k: usize,
+    /// Payload field holding a passage's text. Default `text`.
+    pub text_field: String,
+    /// Timeout of one search call. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// OpenAI-compatible base URL used to embed queries for Qdrant. Empty
+    /// (the default) means `llm.url`.
+    pub embeddings_url: String,
+}
+
+/// Conversation memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Messages remembered per thread (user and assistant each count one).
+    /// Default 20.
+    pub max_turns: usize,
+    /// Bytes of message text remembered per thread. Default 16 KiB.
+    pub max_bytes: usize,
+    /// A thread is forgotten this long after its last message. Default 1 h.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Threads held by the in-process store before the least recently used
+    /// is evicted. Default 10 000.
+    pub max_threads: usize,
+}
+
+/// Where a question goes after the router stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Route {
+    /// Retrieve passages, then synthesize an answer from them.
+    Retrieve,
+    /// Answer directly, without retrieval.
+    Direct,
+}
+
+/// The router stage: the first matching rule decides, else `default_route`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Route taken when no rule matches. Default `retrieve`.
+    pub default_route: Route,
+    /// Keyword rules, tried in order. Default: greetings and thanks go
+    /// `direct`.
+    pub rules: Vec<RouterRule>,
+}
+
+/// One router rule: matches when the message contains any keyword as whole
+/// words (case-insensitive).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterRule {
+    /// Name reported in logs.
+    pub name: String,
+    /// Words or phrases; any one matching selects `route`.
+    pub keywords: Vec<String>,
+    /// Route taken on a match.
+    pub route: Route,
+}
+
+/// Redis connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`. Empty (the default) keeps all state in
+    /// process. Override with `LEVEE_REDIS_URL`.
+    pub url: String,
+    /// Timeout of one Redis command. Default 50 ms.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.to_owned(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            model: DEFAULT_LLM_MODEL.to_owned(),
+            embedding_model: DEFAULT_EMBEDDING_MODEL.to_owned(),
+            api_key_env: DEFAULT_LLM_API_KEY_ENV.to_owned(),
+            timeout: DEFAULT_LLM_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_tokens: DEFAULT_LLM_MAX_TOKENS,
+        }
+    }
+}
+
+impl Default for VectorStoreConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            collection: DEFAULT_COLLECTION.to_owned(),
+            top_k: DEFAULT_TOP_K,
+            text_field: DEFAULT_TEXT_FIELD.to_owned(),
+            timeout: DEFAULT_VECTOR_TIMEOUT,
+            embeddings_url: String::new(),
+        }
+    }
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            max_turns: DEFAULT_MEMORY_MAX_TURNS,
+            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+            ttl: DEFAULT_MEMORY_TTL,
+            max_threads: DEFAULT_MEMORY_MAX_THREADS,
+        }
+    }
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        let smalltalk = ["hello", "hi", "hey", "thanks", "thank you", "good morning"];
+        Self {
+            default_route: Route::Retrieve,
+            rules: vec![RouterRule {
+                name: "smalltalk".to_owned(),
+                keywords: smalltalk.iter().map(|s| (*s).to_owned()).collect(),
+                route: Route::Direct,
+            }],
+        }
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            timeout: DEFAULT_REDIS_TIMEOUT,
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; the error names the offending key.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::parse(key, e.into_inner().message().trim().to_owned())
+        })
+    }
+
+    /// Reads and parses a file, without env overrides or validation.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::io(path.display().to_string(), e.to_string()))?;
+        Self::from_toml(&text)
+    }
+
+    /// Loads the configuration the way `levee serve` does: the file (if
+    /// any), then `LEVEE_*` overrides from `vars`, then validation.
+    pub fn load(
+        path: Option<&Path>,
+        vars: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = match path {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        apply_env(&mut config, vars)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field; the error names the key and the bad value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.server.listen_addr()?;
+        check(
+            self.server.max_body_bytes >= 1024,
+            "server.max_body_bytes",
+            self.server.max_body_bytes,
+            "must be at least 1024",
+        )?;
+        check(
+            self.server.max_message_bytes >= 1
+                && self.server.max_message_bytes <= self.server.max_body_bytes,
+            "server.max_message_bytes",
+            self.server.max_message_bytes,
+            "must be between 1 and server.max_body_bytes",
+        )?;
+        check_url("llm.url", &self.llm.url)?;
+        check(
+            !self.llm.model.trim().is_empty(),
+            "llm.model",
+            &self.llm.model,
+            "must not be empty",
+        )?;
+        check_positive("llm.timeout", self.llm.timeout)?;
+        check_positive("llm.connect_timeout", self.llm.connect_timeout)?;
+        check(
+            self.llm.max_tokens > 0,
+            "llm.max_tokens",
+            self.llm.max_tokens,
+            "must be positive",
+        )?;
+        self.validate_vector_store()?;
+        check(
+            self.memory.max_turns >= 2,
+            "memory.max_turns",
+            self.memory.max_turns,
+            "must be at least 2 (one question and its answer)",
+        )?;
+        check(
+            self.memory.max_bytes >= 256,
+            "memory.max_bytes",
+            self.memory.max_bytes,
+            "must be at least 256",
+        )?;
+        check(
+            self.memory.ttl >= Duration::from_secs(1),
+            "memory.ttl",
+            humantime::format_duration(self.memory.ttl),
+            "must be at least 1s (Redis expiry has second resolution)",
+        )?;
+        check(
+            self.memory.max_threads > 0,
+            "memory.max_threads",
+            self.memory.max_threads,
+            "must be positive",
+        )?;
+        for (i, rule) in self.router.rules.iter().enumerate() {
+            let ok =
+                !rule.keywords.is_empty() && rule.keywords.iter().all(|k| !k.trim().is_empty());
+            check(
+                ok,
+                &format!("router.rules[{i}].keywords"),
+                format!("{:?}", rule.keywords),
+                "must be a non-empty list of non-empty words",
+            )?;
+        }
+        if !self.redis.url.is_empty() {
+            redis::Client::open(self.redis.url.as_str()).map_err(|e| {
+                ConfigError::invalid("redis.url", redact_url(&self.redis.url), e.to_string())
+            })?;
+        }
+        check_positive("redis.timeout", self.redis.timeout)?;
+        Ok(())
+    }
+
+    fn validate_vector_store(&self) -> Result<(), ConfigError> {
+        let vs = &self.vector_store;
+        check_url("vector_store.url", &vs.url)?;
+        check_url("vector_store.embeddings_url", &vs.embeddings_url)?;
+        check(
+            (1..=50).contains(&vs.top_k),
+            "vector_store.top_k",
+            vs.top_k,
+            "must be between 1 and 50",
+        )?;
+        check(
+            !vs.collection.is_empty()
+                && vs
+                    .collection
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+            "vector_store.collection",
+            &vs.collection,
+            "must be non-empty and use only letters, digits, '_' and '-'",
+        )?;
+        check_positive("vector_store.timeout", vs.timeout)?;
+        if !vs.url.is_empty() && self.embeddings_url().is_empty() {
+            return Err(ConfigError::invalid(
+                "vector_store.embeddings_url",
+                "\"\"",
+                "a Qdrant vector store needs an embeddings endpoint: set llm.url or vector_store.embeddings_url",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The OpenAI-compatible base URL used to embed queries.
+    pub fn embeddings_url(&self) -> &str {
+        if self.vector_store.embeddings_url.is_empty() {
+            &self.llm.url
+        } else {
+            &self.vector_store.embeddings_url
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The parsed listen address.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|_| {
+            ConfigError::invalid(
+                "server.listen",
+                format!("{:?}", self.listen),
+                "not a socket address (expected e.g. 127.0.0.1:8080)",
+            )
+        })
+    }
+}
+
+fn check(
+    ok: bool,
+    key: &str,
+    value: impl std::fmt::Debug,
+    reason: &str,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(key, format!("{value:?}"), reason))
+    }
+}
+
+fn check_positive(key: &str, value: Duration) -> Result<(), ConfigError> {
+    check(
+        !value.is_zero(),
+        key,
+        humantime::format_duration(value).to_string(),
+        "must be greater than zero",
+    )
+}
+
+fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    if url.is_empty() {
+        return Ok(());
+    }
+    let parsed = reqwest::Url::parse(url);
+    let ok =
+        matches!(&parsed, Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some());
+    check(
+        ok,
+        key,
+        redact_url(url),
+        "must be an absolute http:// or https:// URL",
+    )
+}
+
+/// Hides a password in a URL before it is shown in an error or a log.
+pub fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            // set_password only fails for cannot-be-a-base URLs, which have no password.
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

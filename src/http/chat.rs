@@ -1,0 +1,160 @@
+//! `POST /v1/chat`: parses and validates the body (every problem named),
+//! then runs the RAG pipeline.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::{ApiError, AppState};
+use crate::rag::ChatRequest;
+
+/// Longest accepted id (`user_id`, `thread_id`, `tenant_id`).
+pub const MAX_ID_LEN: usize = 128;
+
+/// The handler.
+pub(super) async fn chat(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match handle(&state, &headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn handle(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_content_type(headers)?;
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!(
+                    "request body is larger than the {} byte limit",
+                    state.max_body_bytes
+                ),
+            )
+        } else {
+            ApiError::new(rejection.status(), "bad_request", rejection.body_text())
+        }
+    })?;
+    let request = parse(&body)?;
+    validate(&request, state.max_message_bytes)?;
+    let answer = state.pipeline.chat(&request).await?;
+    Ok(Json(answer).into_response())
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        // A missing Content-Type is accepted: the body must still be JSON.
+        return Ok(());
+    };
+    let mime = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim();
+    let is_json = mime.eq_ignore_ascii_case("application/json")
+        || mime.to_ascii_lowercase().ends_with("+json");
+    if is_json {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("Content-Type must be application/json, got {mime:?}"),
+        ))
+    }
+}
+
+/// Parses the body, naming the field at fault on a type error.
+pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: Result<ChatRequest, _> = serde_path_to_error::deserialize(&mut de);
+    let request = match parsed {
+        Ok(r) => r,
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            return Err(match inner.classify() {
+                serde_json::error::Category::Data => {
+                    let msg = strip_position(&inner.to_string());
+                    if path == "." {
+                        ApiError::invalid_field(field_in(&msg).unwrap_or_default(), msg)
+                    } else {
+                        ApiError::invalid_field(path.clone(), format!("field `{path}`: {msg}"))
+                    }
+                }
+                _ => ApiError::malformed_json(inner),
+            });
+        }
+    };
+    de.end().map_err(ApiError::malformed_json)?;
+    Ok(request)
+}
+
+fn strip_position(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_owned(),
+        None => msg.to_owned(),
+    }
+}
+
+/// The field named in a serde message such as "missing field `message`".
+fn field_in(msg: &str) -> Option<String> {
+    let start = msg.find('`')? + 1;
+    let end = start + msg[start..].find('`')?;
+    Some(msg[start..end].to_owned())
+}
+
+fn validate(req: &ChatRequest, max_message_bytes: usize) -> Result<(), ApiError> {
+    if req.message.trim().is_empty() {
+        return Err(ApiError::invalid_field(
+            "message",
+            "`message` must not be empty",
+        ));
+    }
+    if req.message.len() > max_message_bytes {
+        return Err(ApiError::invalid_field(
+            "message",
+            format!(
+                "`message` is {} bytes; the limit is {max_message_bytes}",
+                req.message.len()
+            ),
+        ));
+    }
+    check_id("user_id", &req.user_id)?;
+    check_id("thread_id", &req.thread_id)?;
+    if let Some(tenant) = &req.tenant_id {
+        check_id("tenant_id", tenant)?;
+    }
+    Ok(())
+}
+
+fn check_id(field: &str, value: &str) -> Result<(), ApiError> {
+    let ok = !value.is_empty()
+        && value.len() <= MAX_ID_LEN
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_field(
+            field,
+            format!(
+                "`{field}` must be 1 to {MAX_ID_LEN} characters of letters, digits, '_', '-', '.', ':' or '@'"
+            ),
+        ))
+    }
+}

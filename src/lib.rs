@@ -1,0 +1,24 @@
+//! Levee: a resilience gateway for retrieval-augmented generation backends.
+//!
+//! # Layout
+//!
+//! - [`config`]: the TOML configuration, its defaults, `LEVEE_*` overrides
+//!   and validation.
+//! - [`server`]: builds clients and the pipeline from a config and serves
+//!   with graceful shutdown.
+//! - [`http`]: axum routes, the chat handler and the JSON error contract
+//!   (the one place errors become statuses).
+//! - [`rag`]: the protected backend: router → retriever → synthesizer with
+//!   per-thread conversation memory.
+//! - [`upstream`]: the dependencies behind traits: OpenAI-compatible LLM,
+//!   Qdrant vector store, and their embedded defaults.
+//! - [`health`]: last-known dependency states for `/ready`.
+//! - [`text`]: tokenising shared by the built-in index and answerer.
+
+pub mod config;
+pub mod health;
+pub mod http;
+pub mod rag;
+pub mod server;
+pub mod text;
+pub mod upstream;

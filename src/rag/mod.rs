@@ -1,0 +1,262 @@
+//! The RAG backend Levee protects, as explicit stages:
+//! router → retriever → synthesizer, with conversation memory per thread.
+//!
+//! `metadata.agents_used` lists the stages that actually ran; when memory is
+//! unavailable the answer is still given, without history, and marked
+//! `degraded`.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+mod memory;
+mod router;
+
+pub use memory::{ConversationStore, InProcessMemory, RedisMemory, ThreadKey};
+pub use router::{retrieval_query, IntentRouter};
+
+use crate::config::Route;
+use crate::health::DependencyHealth;
+use crate::upstream::{
+    Completion, Dependency, Llm, Passage, Role, Turn, UpstreamError, Usage, VectorStore,
+};
+
+/// Tenant used when a request names none.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// `POST /v1/chat` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    /// The user's message.
+    pub message: String,
+    /// The user's id.
+    pub user_id: String,
+    /// The conversation's id.
+    pub thread_id: String,
+    /// Optional tenant.
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+}
+
+/// `POST /v1/chat` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatResponse {
+    /// The answer.
+    pub response: String,
+    /// Echo of the request's thread.
+    pub thread_id: String,
+    /// How the answer was made.
+    pub metadata: ChatMetadata,
+}
+
+/// How an answer was made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatMetadata {
+    /// Stages that ran, in order: `router`, `retriever`, `synthesizer`.
+    pub agents_used: Vec<String>,
+    /// Echo of the request's user.
+    pub user_id: String,
+    /// Passages the answer drew on.
+    pub sources: Vec<Source>,
+    /// True when part of the pipeline was skipped because a dependency was
+    /// unavailable.
+    pub degraded: bool,
+    /// Route the router chose.
+    pub route: Route,
+    /// Earlier messages of the thread that the synthesizer saw.
+    pub history_turns: usize,
+    /// Token usage of the synthesizer.
+    pub usage: TokenUsage,
+}
+
+/// One cited passage.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Source {
+    /// Document id.
+    pub id: String,
+    /// Document title.
+    pub title: String,
+    /// Where it lives.
+    pub source: String,
+    /// Relevance score.
+    pub score: f32,
+}
+
+/// Token usage as reported in metadata.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+}
+
+impl From<Usage> for TokenUsage {
+    fn from(u: Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+        }
+    }
+}
+
+impl From<&Passage> for Source {
+    fn from(p: &Passage) -> Self {
+        Self {
+            id: p.id.clone(),
+            title: p.title.clone(),
+            source: p.source.clone(),
+            score: p.score,
+        }
+    }
+}
+
+/// The assembled pipeline.
+#[derive(Clone)]
+pub struct Pipeline {
+    router: IntentRouter,
+    retriever: Arc<dyn VectorStore>,
+    synthesizer: Arc<dyn Llm>,
+    memory: Arc<dyn ConversationStore>,
+    top_k: usize,
+    health: Arc<DependencyHealth>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("retriever", &self.retriever.kind())
+            .field("synthesizer", &self.synthesizer.kind())
+            .field("memory", &self.memory.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// Assembles the stages.
+    pub fn new(
+        router: IntentRouter,
+        retriever: Arc<dyn VectorStore>,
+        synthesizer: Arc<dyn Llm>,
+        memory: Arc<dyn ConversationStore>,
+        top_k: usize,
+        health: Arc<DependencyHealth>,
+    ) -> Self {
+        Self {
+            router,
+            retriever,
+            synthesizer,
+            memory,
+            top_k,
+            health,
+        }
+    }
+
+    /// Records a remote call's outcome for `/ready`.
+    fn observe<T>(
+        &self,
+        dep: Dependency,
+        result: Result<T, UpstreamError>,
+    ) -> Result<T, UpstreamError> {
+        match &result {
+            Ok(_) => self.health.record(dep, true),
+            // The failing dependency may differ from the stage's (an
+            // embedding call inside retrieval is the LLM's).
+            Err(e) => self.health.record(e.dependency, false),
+        }
+        result
+    }
+
+    /// The retriever (for `/ready`).
+    pub fn retriever(&self) -> &Arc<dyn VectorStore> {
+        &self.retriever
+    }
+
+    /// The synthesizer (for `/ready`).
+    pub fn synthesizer(&self) -> &Arc<dyn Llm> {
+        &self.synthesizer
+    }
+
+    /// The conversation store (for `/ready`).
+    pub fn memory(&self) -> &Arc<dyn ConversationStore> {
+        &self.memory
+    }
+
+    /// Answers one validated request.
+    pub async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, UpstreamError> {
+        let key = ThreadKey {
+            tenant: req
+                .tenant_id
+                .clone()
+                .unwrap_or_else(|| DEFAULT_TENANT.to_owned()),
+            user: req.user_id.clone(),
+            thread: req.thread_id.clone(),
+        };
+        let mut degraded = false;
+        // Memory is a convenience: without it the question is still answered.
+        let history = match self.observe(Dependency::Redis, self.memory.load(&key).await) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(error = %e, "conversation memory unavailable; answering without history");
+                degraded = true;
+                Vec::new()
+            }
+        };
+        let mut agents_used = vec!["router".to_owned()];
+        let (route, rule) = self.router.route(&req.message);
+        tracing::debug!(?route, rule, "routed");
+
+        let passages = match route {
+            Route::Retrieve => {
+                agents_used.push("retriever".to_owned());
+                let previous = history
+                    .iter()
+                    .rev()
+                    .find(|t| t.role == Role::User)
+                    .map(|t| t.content.as_str());
+                let query = retrieval_query(&req.message, previous);
+                let found = self.retriever.search(&query, self.top_k).await;
+                self.observe(Dependency::VectorStore, found)?
+            }
+            Route::Direct => Vec::new(),
+        };
+
+        agents_used.push("synthesizer".to_owned());
+        let answer = self.synthesizer.complete(Completion {
+            question: &req.message,
+            passages: &passages,
+            history: &history,
+        });
+        let answer = self.observe(Dependency::Llm, answer.await)?;
+
+        let turns = [
+            Turn {
+                role: Role::User,
+                content: req.message.clone(),
+            },
+            Turn {
+                role: Role::Assistant,
+                content: answer.text.clone(),
+            },
+        ];
+        if let Err(e) = self.observe(Dependency::Redis, self.memory.append(&key, &turns).await) {
+            tracing::warn!(error = %e, "conversation memory unavailable; turn not remembered");
+            degraded = true;
+        }
+
+        Ok(ChatResponse {
+            response: answer.text,
+            thread_id: req.thread_id.clone(),
+            metadata: ChatMetadata {
+                agents_used,
+                user_id: req.user_id.clone(),
+                sources: passages.iter().map(Source::from).collect(),
+                degraded,
+                route,
+                history_turns: history.len(),
+                usage: answer.usage.into(),
+            },
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! The dependencies Levee protects, each behind a small trait with a real
+//! client and an embedded default:
+//!
+//! - [`Llm`]: [`OpenAiClient`] (OpenAI-compatible `/chat/completions`) or the
+//!   built-in [`ExtractiveAnswerer`];
+//! - [`VectorStore`]: [`QdrantClient`] (REST points search, query vectors from
+//!   an [`Embedder`]) or the built-in [`LocalIndex`];
+//! - [`Embedder`]: [`OpenAiClient`] (`/embeddings`).
+//!
+//! The pipeline only sees the traits, so resilience layers and tests can wrap
+//! or replace any of them.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+mod error;
+mod extractive;
+mod local;
+mod openai;
+mod qdrant;
+
+pub use error::{UpstreamError, UpstreamErrorKind};
+pub use extractive::ExtractiveAnswerer;
+pub use local::LocalIndex;
+pub use openai::OpenAiClient;
+pub use qdrant::QdrantClient;
+
+/// A dependency, as named in errors, metrics and `/ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dependency {
+    /// The LLM (completions and embeddings).
+    Llm,
+    /// The vector store.
+    VectorStore,
+    /// Redis (conversation memory and the limiter store).
+    Redis,
+}
+
+impl Dependency {
+    /// The stable lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Llm => "llm",
+            Self::VectorStore => "vector_store",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+impl fmt::Display for Dependency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One retrieved passage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Passage {
+    /// Document id.
+    pub id: String,
+    /// Document title.
+    pub title: String,
+    /// Where the document lives (a path or URL).
+    pub source: String,
+    /// The passage text.
+    #[serde(skip)]
+    pub text: String,
+    /// Relevance score from the store (higher is better).
+    pub score: f32,
+}
+
+/// Who said a remembered message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The client.
+    User,
+    /// Levee's answer.
+    Assistant,
+}
+
+/// One remembered message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Turn {
+    /// Who said it.
+    pub role: Role,
+    /// What was said.
+    pub content: String,
+}
+
+/// Everything the synthesizer hands to the LLM.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion<'a> {
+    /// The user's current message.
+    pub question: &'a str,
+    /// Retrieved passages (empty on the direct route).
+    pub passages: &'a [Passage],
+    /// Earlier turns of this thread, oldest first.
+    pub history: &'a [Turn],
+}
+
+/// Token usage reported by the LLM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: u64,
+    /// Tokens in the answer.
+    pub completion_tokens: u64,
+}
+
+/// The LLM's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Answer text.
+    pub text: String,
+    /// Token usage.
+    pub usage: Usage,
+}
+
+/// Answers a question from passages and history.
+#[async_trait]
+pub trait Llm: Send + Sync + 'static {
+    /// `builtin` or `openai`, for `/ready` and logs.
+    fn kind(&self) -> &'static str;
+    /// Produces an answer.
+    async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError>;
+}
+
+/// Turns text into a query vector.
+#[async_trait]
+pub trait Embedder: Send + Sync + 'static {
+    /// Embeds one text.
+    async fn embed(&self, text: &str) -> Result<Vec<f32>, UpstreamError>;
+}
+
+/// Finds passages relevant to a query.
+#[async_trait]
+pub trait VectorStore: Send + Sync + 'static {
+    /// `builtin` or `qdrant`, for `/ready` and logs.
+    fn kind(&self) -> &'static str;
+    /// The `top_k` best passages, best first.
+    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError>;
+}
