@@ -19,6 +19,7 @@ pub mod config;
 pub mod health;
 pub mod http;
 pub mod rag;
+pub mod ratelimit;
 pub mod server;
 pub mod text;
 pub mod upstream;
