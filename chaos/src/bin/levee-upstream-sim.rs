@@ -1,0 +1,92 @@
+//! `levee-upstream-sim`: a fake OpenAI + Qdrant upstream with injectable
+//! faults, for Levee's tests, chaos runs and benchmarks.
+//!
+//! Prints exactly one line to stdout once listening,
+//! `levee-upstream-sim listening on 127.0.0.1:PORT`, and logs to stderr.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Parser;
+use levee_chaos::sim::{self, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM, LISTENING_PREFIX};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+/// Command line of `levee-upstream-sim`.
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Fake OpenAI + Qdrant upstream with injectable faults"
+)]
+struct Cli {
+    /// Address to listen on, e.g. 127.0.0.1:0 for a free port.
+    #[arg(long)]
+    listen: String,
+    /// Name of the built-in Qdrant collection holding the Acme knowledge base.
+    #[arg(long, default_value = DEFAULT_COLLECTION)]
+    collection: String,
+    /// Embedding dimension.
+    #[arg(long, default_value_t = DEFAULT_DIM)]
+    dim: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // stdout carries only the address line; logs go to stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let config = SimConfig {
+        collection: cli.collection,
+        dim: cli.dim,
+    };
+    config.validate().context("invalid configuration")?;
+    let listener = TcpListener::bind(&cli.listen)
+        .await
+        .with_context(|| format!("binding {}", cli.listen))?;
+    let addr = listener.local_addr()?;
+    announce(addr)?;
+    sim::serve(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Prints the one stdout line tests wait for, and flushes it.
+#[allow(clippy::print_stdout)]
+fn announce(addr: std::net::SocketAddr) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{LISTENING_PREFIX}{addr}")?;
+    stdout.flush()
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,11 @@
+//! Levee's chaos tooling.
+//!
+//! # Layout
+//!
+//! - [`sim`]: `levee-upstream-sim`, a stand-in for an OpenAI-compatible LLM
+//!   and a Qdrant vector store that speaks their real wire formats, answers
+//!   deterministically, and takes fault-injection commands over HTTP
+//!   (latency, errors, hangs, TCP resets). Tests start it in-process with
+//!   [`sim::spawn`]; chaos runs and benchmarks start the binary.
+
+pub mod sim;

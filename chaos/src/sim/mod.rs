@@ -1,0 +1,46 @@
+//! The upstream simulator: a fake OpenAI chat / embeddings API and a fake
+//! Qdrant REST API in one HTTP server, with injectable faults.
+//!
+//! # Layout
+//!
+//! - `config`: [`SimConfig`], what the simulator serves.
+//! - `text`: tokenising, sentence splitting and the hashed bag-of-words
+//!   embedding shared by the LLM and the vector store.
+//! - `chat`, `embeddings`, `vector`: the OpenAI and Qdrant endpoints.
+//! - `faults`: the fault set per API ([`FaultSpec`] on the wire) and the
+//!   middleware that applies it.
+//! - `stats`: request counters and captured `traceparent` headers.
+//! - `error`: the one place API errors get their OpenAI or Qdrant body.
+//! - `app`: the router and the state it shares.
+//! - `server`: the accept loop, one task per connection, which is what makes
+//!   abrupt TCP resets possible; [`spawn`] and [`serve`].
+//!
+//! # Endpoints
+//!
+//! | Method | Path | What |
+//! |---|---|---|
+//! | POST | `/v1/chat/completions` | extractive answer from the system messages, optional SSE |
+//! | POST | `/v1/embeddings` | deterministic hashed bag-of-words vectors |
+//! | POST | `/collections/{name}/points/search` | cosine search |
+//! | PUT | `/collections/{name}/points` | upsert (creates the collection) |
+//! | GET / PUT | `/collections/{name}` | collection info / create |
+//! | GET / POST / DELETE | `/_faults` | show / replace / clear faults |
+//! | GET | `/_stats`, POST `/_stats/reset` | counters and traceparents |
+//! | GET | `/healthz` | liveness |
+
+mod app;
+mod chat;
+mod config;
+mod embeddings;
+mod error;
+mod faults;
+mod server;
+mod stats;
+mod text;
+mod vector;
+
+pub use app::router;
+pub use config::{ConfigError, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM};
+pub use faults::{FaultSpec, FaultSpecError, FaultTarget, HANG_MAX};
+pub use server::{serve, spawn, spawn_on, SimHandle, DRAIN_TIMEOUT, LISTENING_PREFIX};
+pub use text::embed;
