@@ -3,7 +3,9 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// A redis-server process this test started.
 pub struct RedisServer {
@@ -83,7 +85,10 @@ impl RedisServer {
 
     /// Every key currently stored.
     pub fn keys(&self) -> Vec<String> {
-        redis::cmd("KEYS").arg("*").query(&mut self.conn()).expect("KEYS")
+        redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut self.conn())
+            .expect("KEYS")
     }
 }
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs Levee's whole test suite, installing what it needs first.
+#
+#   ./scripts/test.sh            every test of every crate in the workspace
+#   ./scripts/test.sh ratelimit  extra arguments go to `cargo test`
+#
+# Needs: the Rust toolchain. Installs (Debian/Ubuntu, apt-get) if missing:
+# redis-server (integration and chaos tests start their own on free ports).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing missing test dependencies: ${need[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+exec cargo test --workspace --all-targets "$@"
