@@ -18,6 +18,7 @@
 pub mod config;
 pub mod health;
 pub mod http;
+pub mod identity;
 pub mod rag;
 pub mod ratelimit;
 pub mod server;

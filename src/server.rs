@@ -6,12 +6,19 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError};
 use crate::health::DependencyHealth;
 use crate::http::{self, AppState};
+use crate::identity::Resolver;
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
+use crate::ratelimit::policy::Policy;
+use crate::ratelimit::store::{LimitStore, MemoryStore, RedisStore};
+use crate::ratelimit::{Limiter, StoreKind};
 use crate::upstream::{
     Embedder, ExtractiveAnswerer, Llm, LocalIndex, OpenAiClient, QdrantClient, VectorStore,
 };
@@ -68,34 +75,16 @@ pub async fn build(
             embedder,
         )?)
     };
-    let memory: Arc<dyn ConversationStore> = if config.redis.url.is_empty() {
-        Arc::new(InProcessMemory::new(config.memory.clone()))
-    } else {
-        let client = redis::Client::open(config.redis.url.as_str()).map_err(|e| {
-            ConfigError::invalid(
-                "redis.url",
-                crate::config::redact_url(&config.redis.url),
-                e.to_string(),
-            )
-        })?;
-        // The manager connects lazily and reconnects by itself, so a Redis
-        // that is down at start does not stop the gateway from serving.
-        let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(
-                config
-                    .redis
-                    .timeout
-                    .max(std::time::Duration::from_millis(200)),
-            ))
-            .set_response_timeout(Some(config.redis.timeout));
-        let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(|e| ConfigError::invalid("redis.url", "(redacted)", e.to_string()))?;
-        Arc::new(RedisMemory::new(
-            conn,
+    let redis = redis_connection(config)?;
+    let memory: Arc<dyn ConversationStore> = match &redis {
+        None => Arc::new(InProcessMemory::new(config.memory.clone())),
+        Some(conn) => Arc::new(RedisMemory::new(
+            conn.clone(),
             config.memory.clone(),
             config.redis.timeout,
-        ))
+        )),
     };
+    let limiter = build_limiter(config, redis.as_ref());
     let pipeline = Pipeline::new(
         IntentRouter::new(&config.router),
         retriever,
@@ -106,10 +95,55 @@ pub async fn build(
     );
     Ok(AppState {
         pipeline,
+        limiter,
+        llm_max_tokens: u64::from(config.llm.max_tokens),
         health,
         max_body_bytes: config.server.max_body_bytes,
         max_message_bytes: config.server.max_message_bytes,
     })
+}
+
+/// One lazily connected Redis connection shared by memory and the limiter,
+/// or `None` when no Redis is configured.
+fn redis_connection(config: &Config) -> Result<Option<ConnectionManager>, StartError> {
+    if config.redis.url.is_empty() {
+        return Ok(None);
+    }
+    let invalid = |e: redis::RedisError| {
+        ConfigError::invalid(
+            "redis.url",
+            crate::config::redact_url(&config.redis.url),
+            e.to_string(),
+        )
+    };
+    let client = redis::Client::open(config.redis.url.as_str()).map_err(invalid)?;
+    // The manager connects lazily and reconnects by itself, so a Redis that
+    // is down at start does not stop the gateway from serving.
+    let manager_config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.redis.timeout.max(Duration::from_millis(200))))
+        .set_response_timeout(Some(config.redis.timeout));
+    let conn = ConnectionManager::new_lazy_with_config(client, manager_config).map_err(invalid)?;
+    Ok(Some(conn))
+}
+
+fn build_limiter(config: &Config, redis: Option<&ConnectionManager>) -> Option<Arc<Limiter>> {
+    let rl = &config.ratelimit;
+    if !rl.enabled {
+        return None;
+    }
+    let store: Arc<dyn LimitStore> = match (rl.store, redis) {
+        (StoreKind::Memory, _) | (StoreKind::Auto, None) => Arc::new(MemoryStore::new()),
+        (StoreKind::Redis | StoreKind::Auto, Some(conn)) => {
+            Arc::new(RedisStore::new(conn.clone(), config.redis.timeout))
+        }
+        // validate() requires redis.url for `store = "redis"`.
+        (StoreKind::Redis, None) => Arc::new(MemoryStore::new()),
+    };
+    Some(Arc::new(Limiter::new(
+        Policy::new(rl.clone()),
+        Resolver::new(&config.identity),
+        store,
+    )))
 }
 
 /// Binds the configured address.

@@ -166,7 +166,11 @@ async fn conversations_live_in_redis_and_are_shared_by_replicas() {
     assert_eq!(second["metadata"]["history_turns"], 2, "{second}");
     assert_eq!(second["metadata"]["degraded"], false);
 
-    let keys = redis.keys();
+    let keys: Vec<String> = redis
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with("levee:mem:"))
+        .collect();
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert!(keys[0].starts_with("levee:mem:"), "{keys:?}");
     // Thread and user ids are hashed, never raw key names.

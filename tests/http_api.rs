@@ -2,7 +2,10 @@
 //! the right status and a JSON error naming the problem, and the app keeps
 //! serving.
 
+use std::net::SocketAddr;
+
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{header, Request, StatusCode};
 use levee::config::Config;
 use serde_json::{json, Value};
@@ -12,7 +15,15 @@ async fn app() -> axum::Router {
     let state = levee::server::build(&Config::default(), |_| None)
         .await
         .expect("build");
-    levee::http::router(state)
+    // Router::oneshot has no socket: give requests a peer address as a
+    // connection would (a private one, so the internal tier applies).
+    levee::http::router(state).layer(axum::middleware::map_request(with_peer))
+}
+
+async fn with_peer(mut req: Request<Body>) -> Request<Body> {
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 7], 40000))));
+    req
 }
 
 async fn send(

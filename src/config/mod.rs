@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::identity::IdentityConfig;
+use crate::ratelimit::RateLimitConfig;
+
 mod env;
 mod error;
 
@@ -70,8 +73,12 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// The router stage's rules.
     pub router: RouterConfig,
-    /// Redis, shared by conversation memory and (later) the limiter.
+    /// Redis, shared by conversation memory and the limiter store.
     pub redis: RedisConfig,
+    /// Who is calling: trusted proxies, internal networks, API keys.
+    pub identity: IdentityConfig,
+    /// Rate limits: tiers, tenants, routes, store.
+    pub ratelimit: RateLimitConfig,
 }
 
 /// HTTP listener and request handling.
@@ -373,6 +380,8 @@ impl Config {
             })?;
         }
         check_positive("redis.timeout", self.redis.timeout)?;
+        self.identity.validate()?;
+        self.ratelimit.validate(&self.identity, &self.redis.url)?;
         Ok(())
     }
 

@@ -6,9 +6,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
 use super::{ApiError, AppState};
+use crate::identity::Identity;
 use crate::rag::ChatRequest;
 
 /// Longest accepted id (`user_id`, `thread_id`, `tenant_id`).
@@ -17,10 +18,12 @@ pub const MAX_ID_LEN: usize = 128;
 /// The handler.
 pub(super) async fn chat(
     State(state): State<AppState>,
+    identity: Option<Extension<Identity>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match handle(&state, &headers, body).await {
+    let identity = identity.map(|Extension(i)| i);
+    match handle(&state, identity.as_ref(), &headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
@@ -28,6 +31,7 @@ pub(super) async fn chat(
 
 async fn handle(
     state: &AppState,
+    identity: Option<&Identity>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -46,10 +50,44 @@ async fn handle(
             ApiError::new(rejection.status(), "bad_request", rejection.body_text())
         }
     })?;
-    let request = parse(&body)?;
+    let mut request = parse(&body)?;
     validate(&request, state.max_message_bytes)?;
-    let answer = state.pipeline.chat(&request).await?;
-    Ok(Json(answer).into_response())
+    // A keyed caller's tenant is the key's, whatever the body claims.
+    if let Some(key) = identity.and_then(|i| i.key.as_ref()) {
+        request.tenant_id = Some(key.tenant.clone());
+    }
+    let reservation = match (&state.limiter, identity) {
+        (Some(limiter), Some(identity)) => {
+            let estimate = estimate_tokens(&request.message, state.llm_max_tokens);
+            match limiter.reserve_tokens(identity, estimate).await {
+                Ok(r) => r.map(|r| (limiter, r)),
+                Err(rejection) => {
+                    let mut resp = ApiError::from_error(rejection.error.as_ref()).into_response();
+                    resp.headers_mut().extend(rejection.headers);
+                    return Ok(resp);
+                }
+            }
+        }
+        _ => None,
+    };
+    let answer = state.pipeline.chat(&request).await;
+    if let Some((limiter, reservation)) = reservation {
+        // Settle with real usage; a failed call used nothing.
+        let used = answer.as_ref().map_or(0, |a| {
+            a.metadata.usage.prompt_tokens + a.metadata.usage.completion_tokens
+        });
+        limiter.settle_tokens(reservation, used).await;
+    }
+    Ok(Json(answer?).into_response())
+}
+
+/// A deliberately generous estimate: the question's words plus the
+/// retrieved context's typical size plus the whole completion allowance.
+/// Settlement refunds the difference.
+fn estimate_tokens(message: &str, max_tokens: u64) -> u64 {
+    const CONTEXT_ALLOWANCE: u64 = 600;
+    let words = message.split_whitespace().count() as u64;
+    words * 2 + CONTEXT_ALLOWANCE + max_tokens
 }
 
 fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {

@@ -9,6 +9,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::identity::IdentityError;
+use crate::ratelimit::{LimiterUnavailable, RateLimited};
 use crate::upstream::{UpstreamError, UpstreamErrorKind};
 
 /// An error on its way to the client.
@@ -24,6 +26,8 @@ pub struct ApiError {
     pub field: Option<String>,
     /// Seconds to wait before retrying (also sent as `Retry-After`).
     pub retry_after: Option<u64>,
+    /// Extra fields for the body (e.g. `layer` and `tier` on a 429).
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -34,6 +38,8 @@ struct Body<'a> {
     field: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after_s: Option<u64>,
+    #[serde(flatten)]
+    extra: &'a serde_json::Map<String, serde_json::Value>,
 }
 
 impl ApiError {
@@ -45,7 +51,15 @@ impl ApiError {
             message: message.into(),
             field: None,
             retry_after: None,
+            extra: serde_json::Map::new(),
         }
+    }
+
+    /// Adds a field to the body.
+    #[must_use]
+    pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.extra.insert(key.to_owned(), value.into());
+        self
     }
 
     /// Names the request field at fault.
@@ -106,6 +120,40 @@ impl ApiError {
             if let Some(up) = e.downcast_ref::<UpstreamError>() {
                 return Self::from_upstream(up);
             }
+            if let Some(rl) = e.downcast_ref::<RateLimited>() {
+                return Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!(
+                        "rate limit exceeded ({} {} limit of tier {})",
+                        rl.layer.as_str(),
+                        rl.scope,
+                        rl.tier
+                    ),
+                )
+                .with("layer", rl.layer.as_str())
+                .with("scope", rl.scope)
+                .with("tier", rl.tier.clone())
+                .with_retry_after(rl.retry_after);
+            }
+            if let Some(u) = e.downcast_ref::<LimiterUnavailable>() {
+                return Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "limiter_unavailable",
+                    "the rate-limit store is unavailable; try again shortly",
+                )
+                .with_retry_after(u.retry_after);
+            }
+            if let Some(id) = e.downcast_ref::<IdentityError>() {
+                return match id {
+                    IdentityError::Unidentified(_) => Self::new(
+                        StatusCode::BAD_REQUEST,
+                        "unidentified_client",
+                        id.to_string(),
+                    ),
+                    _ => Self::new(StatusCode::UNAUTHORIZED, "unauthorized", id.to_string()),
+                };
+            }
             cause = e.source();
         }
         tracing::error!(error = %err, "internal error");
@@ -162,6 +210,7 @@ impl IntoResponse for ApiError {
             message: &self.message,
             field: self.field.as_deref(),
             retry_after_s: self.retry_after,
+            extra: &self.extra,
         };
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {

@@ -19,6 +19,7 @@ pub use error::ApiError;
 
 use crate::health::{DependencyHealth, DependencyState};
 use crate::rag::Pipeline;
+use crate::ratelimit::{Limiter, RateLimitLayer};
 use crate::upstream::Dependency;
 
 /// What handlers share.
@@ -26,6 +27,10 @@ use crate::upstream::Dependency;
 pub struct AppState {
     /// The RAG pipeline.
     pub pipeline: Pipeline,
+    /// The rate limiter (`None` when `ratelimit.enabled = false`).
+    pub limiter: Option<Arc<Limiter>>,
+    /// `llm.max_tokens`, for token-budget estimates.
+    pub llm_max_tokens: u64,
     /// Dependency states and the draining flag.
     pub health: Arc<DependencyHealth>,
     /// `server.max_body_bytes`, for the 413 message.
@@ -37,15 +42,22 @@ pub struct AppState {
 /// Builds the application router.
 pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
-    Router::new()
+    let limiter = state.limiter.clone();
+    let app = Router::new()
         .route("/v1/chat", post(chat::chat))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(limit))
-        // Outermost: whatever produced a bare error status (axum's 405,
-        // a body-limit 413 …) leaves as the JSON error contract.
-        .layer(middleware::from_fn(json_errors))
+        .layer(DefaultBodyLimit::max(limit));
+    // Rate limits run before anything expensive (body parsing, retrieval,
+    // the LLM); exempt paths pass through inside the layer.
+    let app = match limiter {
+        Some(limiter) => app.layer(RateLimitLayer::new(limiter)),
+        None => app,
+    };
+    // Outermost: whatever produced a bare error status (axum's 405, a
+    // body-limit 413 …) leaves as the JSON error contract.
+    app.layer(middleware::from_fn(json_errors))
         .with_state(state)
 }
 

@@ -1,5 +1,30 @@
-//! Dual-layer rate limiting: the identity layer (API key / tenant) and the
-//! network layer (client IP), checked and consumed together before any
-//! expensive work.
+//! Dual-layer rate limiting: the identity layer (API key / tenant / user /
+//! route) and the network layer (client IP → internal or public tier), all
+//! checked and consumed in one store call before any expensive work, plus
+//! per-tenant LLM token budgets.
+//!
+//! - [`store`]: the algorithms behind [`store::LimitStore`], in process and
+//!   in Redis (one Lua script, one round trip).
+//! - [`policy`]: which limits apply to a request, with safe key names.
+//! - [`Limiter`]: resolve → gather → check once; token reservations.
+//! - [`RateLimitLayer`] / [`RateLimit`]: the tower layer.
+//! - [`headers`]: `X-RateLimit-*`, `Retry-After`, IETF `RateLimit*`.
 
+mod config;
+mod error;
+pub mod headers;
+mod layer;
+mod limiter;
+pub mod policy;
+mod service;
 pub mod store;
+
+pub use config::{
+    FailureMode, LimitConfig, NetworkPolicy, RateLimitConfig, RoutePolicy, StoreKind, TenantConfig,
+    TierConfig, DEFAULT_ALGORITHM, DEFAULT_KEY_PREFIX, DEFAULT_TENANT_POLICY, TIER_API_KEY,
+    TIER_INTERNAL_IP, TIER_PUBLIC_IP,
+};
+pub use error::{LimiterUnavailable, RateLimited};
+pub use layer::RateLimitLayer;
+pub use limiter::{Admission, Limiter, Rejection, TokenReservation, USER_HEADER, X_DEGRADED};
+pub use service::{RateLimit, ResponseFuture};

@@ -5,11 +5,58 @@
 //! call ([`LimitStore::check`]): if any enforced limit rejects, none is
 //! consumed. For Redis that call is one Lua script run via EVALSHA, which
 //! reads the clock from Redis `TIME` so replicas with skewed clocks agree.
+//!
+//! # Semantics shared by both stores
+//!
+//! Both stores implement the same integer-microsecond arithmetic, so they
+//! agree exactly (the tests drive both with the same arrival times).
+//!
+//! - `remaining` is what is left after the call: `available - cost` when
+//!   the request was consumed, the untouched `available` otherwise (0 when
+//!   the limit is exhausted).
+//! - `retry_after` is the exact time until this request, with its cost,
+//!   would be admitted by that limit alone (assuming no other traffic);
+//!   zero when the limit admits. A cost above the limit's capacity
+//!   (`limit`, or `burst` for GCRA) can never be admitted: such a request
+//!   is rejected with `retry_after = window`.
+//! - `reset_after` (zero when nothing is counted):
+//!   - sliding log: until the oldest counted unit leaves the window;
+//!   - sliding window and fixed window: until the current window ends (for
+//!     the sliding window, the current window's count still weighs on the
+//!     next one, decaying linearly);
+//!   - GCRA: until the theoretical arrival time (TAT), when the bucket is
+//!     full again.
+//! - GCRA's emission interval is `T = ceil(window / limit)` in whole
+//!   microseconds (60 s / 7 → 8 571 429 µs), so the sustained rate is at
+//!   most 1 µs per unit slower than `limit / window`; the tolerance is
+//!   `burst × T` (`burst` defaults to `limit` when 0).
+//! - Windows (fixed and sliding) are aligned to multiples of `window`
+//!   on the store's clock.
+//! - A key must be used with one algorithm only, and the keys of one check
+//!   must be distinct.
+//! - The sliding window compares `prev × (window − elapsed)` with
+//!   `(limit − cur − cost) × window` in exact integers; Redis Lua computes in
+//!   doubles, so `limit × window_µs` must stay below 2^53 (a one-hour
+//!   window allows limits up to 2.5 million).
+//!
+//! [`LimitStore::adjust`] settles token budgets: GCRA moves the TAT by
+//! `delta × T` (a charge starts from `max(TAT, now)`, a refund never goes
+//! below `now`); the window algorithms add `delta` to the current window's
+//! count, floored at 0; the sliding log adds `delta` members or removes the
+//! `|delta|` newest — O(|delta|), so token budgets should use GCRA.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+mod memory;
+#[cfg(test)]
+mod models;
+mod redis;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
 
 /// A rate-limit algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -94,10 +141,68 @@ pub trait LimitStore: Send + Sync + 'static {
     /// shadow limit that would reject is reported, not consumed). On
     /// rejection nothing is consumed. `request_id` makes sliding-log
     /// members unique per request.
-    async fn check(&self, limits: &[LimitSpec], request_id: &str) -> Result<Decision, StoreUnavailable>;
+    async fn check(
+        &self,
+        limits: &[LimitSpec],
+        request_id: &str,
+    ) -> Result<Decision, StoreUnavailable>;
 
     /// Charges (`delta > 0`) or refunds (`delta < 0`) units without
     /// rejecting: how a token budget settles an estimate with real usage.
     /// Refunds never take a limit below empty.
     async fn adjust(&self, limit: &LimitSpec, delta: i64) -> Result<(), StoreUnavailable>;
+}
+
+/// A duration in whole microseconds (saturating), at least 1 µs: a zero
+/// window would divide by zero.
+pub(crate) fn window_us(window: Duration) -> u64 {
+    u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The per-limit numbers both stores compute with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params {
+    /// The window in µs (≥ 1).
+    pub(crate) window: u64,
+    /// Units per window.
+    pub(crate) limit: u64,
+    /// The most units one request may take: `limit`, or `burst` for GCRA.
+    pub(crate) capacity: u64,
+    /// Units this request takes.
+    pub(crate) cost: u64,
+    /// GCRA emission interval in µs: `ceil(window / limit)` (0 otherwise).
+    pub(crate) interval: u64,
+}
+
+impl Params {
+    /// Normalises a spec.
+    pub(crate) fn of(spec: &LimitSpec) -> Self {
+        let window = window_us(spec.window);
+        let (capacity, interval) = match spec.algorithm {
+            Algorithm::Gcra => {
+                let burst = if spec.burst == 0 {
+                    spec.limit
+                } else {
+                    spec.burst
+                };
+                (burst, window.div_ceil(spec.limit.max(1)))
+            }
+            _ => (spec.limit, 0),
+        };
+        Self {
+            window,
+            limit: spec.limit,
+            capacity,
+            cost: spec.cost,
+            interval,
+        }
+    }
+
+    /// The limit reported in [`LimitState::limit`] (GCRA reports `burst`).
+    pub(crate) fn reported_limit(&self, algorithm: Algorithm) -> u64 {
+        match algorithm {
+            Algorithm::Gcra => self.capacity,
+            _ => self.limit,
+        }
+    }
 }

@@ -1,0 +1,292 @@
+//! Which limits apply to a request: the identity layer (key tier, tenant,
+//! per-user, route policy) and the network layer (IP tier), turned into
+//! store [`LimitSpec`]s with safe key names.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::config::{
+    FailureMode, LimitConfig, RateLimitConfig, RoutePolicy, DEFAULT_TENANT_POLICY,
+};
+use super::store::{Algorithm, LimitSpec};
+use crate::identity::{Identity, NetworkClass};
+
+/// The layer a limit belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// API key / tenant / user.
+    Identity,
+    /// Client IP.
+    Network,
+    /// LLM token budget.
+    Tokens,
+}
+
+impl Layer {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Identity => "identity",
+            Self::Network => "network",
+            Self::Tokens => "tokens",
+        }
+    }
+}
+
+/// A limit with what it means, for headers, errors and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// What the store checks.
+    pub spec: LimitSpec,
+    /// Its layer.
+    pub layer: Layer,
+    /// What it counts: `key`, `tenant`, `user`, `route`, `ip`.
+    pub scope: &'static str,
+    /// Tier reported in `X-RateLimit-Tier`.
+    pub tier: String,
+    /// Policy name for the IETF `RateLimit-Policy` field.
+    pub name: String,
+    /// What to do while the store is down (the tier's setting).
+    pub on_store_failure: FailureMode,
+}
+
+/// Compiled policy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    config: RateLimitConfig,
+}
+
+fn algo_code(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::SlidingLog => "sl",
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::Gcra => "gc",
+        Algorithm::FixedWindow => "fw",
+    }
+}
+
+fn window_label(w: Duration) -> String {
+    let ms = w.as_millis();
+    if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// A route policy's specificity: tenant + user beats tenant beats route only;
+/// an exact path beats a prefix.
+fn specificity(r: &RoutePolicy) -> (u8, bool) {
+    let level = u8::from(r.tenant.is_some()) + u8::from(r.user.is_some());
+    (level, !r.route.ends_with('*'))
+}
+
+fn route_matches(pattern: &str, path: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => pattern == path,
+    }
+}
+
+impl Policy {
+    /// Compiles validated config.
+    pub fn new(config: RateLimitConfig) -> Self {
+        Self { config }
+    }
+
+    /// The config.
+    pub fn config(&self) -> &RateLimitConfig {
+        &self.config
+    }
+
+    fn failure_mode(&self, tier: &str) -> FailureMode {
+        self.config
+            .tiers
+            .get(tier)
+            .map(|t| t.on_store_failure)
+            .unwrap_or_default()
+    }
+
+    /// Whether `path` is exempt.
+    pub fn is_exempt(&self, path: &str) -> bool {
+        self.config
+            .exempt_paths
+            .iter()
+            .any(|p| route_matches(p, path))
+    }
+
+    fn spec(&self, scope: &str, subject: &str, l: &LimitConfig, cost: u64) -> LimitSpec {
+        let algorithm = l.algorithm.unwrap_or(self.config.algorithm);
+        LimitSpec {
+            key: format!(
+                "{}:{}:{scope}:{subject}:{}",
+                self.config.key_prefix,
+                algo_code(algorithm),
+                window_label(l.window)
+            ),
+            algorithm,
+            limit: l.limit,
+            window: l.window,
+            burst: l.burst.unwrap_or(l.limit),
+            cost,
+            shadow: l.shadow,
+        }
+    }
+
+    fn push_all(
+        &self,
+        out: &mut Vec<Applied>,
+        limits: &[LimitConfig],
+        layer: Layer,
+        scope: &'static str,
+        subject: &str,
+        tier: &str,
+    ) {
+        let on_store_failure = self.failure_mode(tier);
+        for l in limits {
+            out.push(Applied {
+                spec: self.spec(scope, subject, l, 1),
+                layer,
+                scope,
+                tier: tier.to_owned(),
+                name: format!("{tier}.{scope}.{}", window_label(l.window)),
+                on_store_failure,
+            });
+        }
+    }
+
+    /// The network layer's limits for a client.
+    pub fn network_limits(&self, identity: &Identity, out: &mut Vec<Applied>) {
+        let net = &self.config.network;
+        let tier = match (&identity.key, identity.network) {
+            (Some(_), _) => match &net.keyed_tier {
+                Some(t) => t,
+                None => return,
+            },
+            (None, NetworkClass::Internal) => &net.internal_tier,
+            (None, NetworkClass::Public) => &net.public_tier,
+        };
+        if let Some(t) = self.config.tiers.get(tier) {
+            let ip = identity.client_ip.to_string();
+            self.push_all(out, &t.limits, Layer::Network, "ip", &ip, tier);
+        }
+    }
+
+    /// Every limit that applies to a request, identity layer first.
+    pub fn limits(&self, identity: &Identity, path: &str, user: Option<&str>) -> Vec<Applied> {
+        let mut out = Vec::new();
+        if let Some(key) = &identity.key {
+            if let Some(t) = self.config.tiers.get(&key.tier) {
+                self.push_all(
+                    &mut out,
+                    &t.limits,
+                    Layer::Identity,
+                    "key",
+                    &key.id,
+                    &key.tier,
+                );
+            }
+            if let Some(tenant) = self.tenant(&key.tenant) {
+                self.push_all(
+                    &mut out,
+                    &tenant.limits,
+                    Layer::Identity,
+                    "tenant",
+                    &key.tenant,
+                    &key.tier,
+                );
+                if let Some(user) = user {
+                    let subject = format!(
+                        "{}:{}",
+                        key.tenant,
+                        crate::identity::hash_key(user).get(..16).unwrap_or("")
+                    );
+                    self.push_all(
+                        &mut out,
+                        &tenant.per_user,
+                        Layer::Identity,
+                        "user",
+                        &subject,
+                        &key.tier,
+                    );
+                }
+            }
+        }
+        if let Some(route) = self.route_policy(identity, path, user) {
+            let tier = identity
+                .key
+                .as_ref()
+                .map_or("route", |k| k.tier.as_str())
+                .to_owned();
+            let subject = format!(
+                "{}:{}:{}",
+                route.route.trim_end_matches('*'),
+                route.tenant.as_deref().unwrap_or("*"),
+                route
+                    .user
+                    .as_deref()
+                    .map_or("*".to_owned(), |u| crate::identity::hash_key(u)[..16]
+                        .to_owned())
+            );
+            self.push_all(
+                &mut out,
+                &route.limits,
+                Layer::Identity,
+                "route",
+                &subject,
+                &tier,
+            );
+        }
+        self.network_limits(identity, &mut out);
+        out
+    }
+
+    fn tenant(&self, tenant: &str) -> Option<&super::config::TenantConfig> {
+        self.config
+            .tenants
+            .get(tenant)
+            .or_else(|| self.config.tenants.get(DEFAULT_TENANT_POLICY))
+    }
+
+    fn route_policy(
+        &self,
+        identity: &Identity,
+        path: &str,
+        user: Option<&str>,
+    ) -> Option<&RoutePolicy> {
+        let tenant = identity.key.as_ref().map(|k| k.tenant.as_str());
+        self.config
+            .routes
+            .iter()
+            .filter(|r| route_matches(&r.route, path))
+            .filter(|r| r.tenant.is_none() || r.tenant.as_deref() == tenant)
+            .filter(|r| r.user.is_none() || r.user.as_deref() == user)
+            .max_by_key(|r| specificity(r))
+    }
+
+    /// The token budget for a keyed request's tenant, as a GCRA limit whose
+    /// cost is filled in per reservation.
+    pub fn token_budget(&self, identity: &Identity) -> Option<Applied> {
+        let key = identity.key.as_ref()?;
+        let tpm = self.tenant(&key.tenant)?.tokens_per_minute?;
+        let l = LimitConfig {
+            limit: tpm,
+            window: Duration::from_secs(60),
+            algorithm: Some(Algorithm::Gcra),
+            burst: None,
+            shadow: false,
+        };
+        Some(Applied {
+            spec: self.spec("tokens", &key.tenant, &l, 0),
+            layer: Layer::Tokens,
+            scope: "tenant",
+            tier: key.tier.clone(),
+            name: format!("{}.tokens.1m", key.tier),
+            on_store_failure: self.failure_mode(&key.tier),
+        })
+    }
+}
