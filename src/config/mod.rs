@@ -280,10 +280,12 @@ impl Config {
     /// Parses TOML text; the error names the offending key.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let de = toml::Deserializer::new(text);
-        serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut config: Self = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             ConfigError::parse(key, e.into_inner().message().trim().to_owned())
-        })
+        })?;
+        config.ratelimit.fill_default_tiers();
+        Ok(config)
     }
 
     /// Reads and parses a file, without env overrides or validation.

@@ -49,7 +49,8 @@ pub struct RateLimitConfig {
     /// Paths never limited. Default `/health`, `/ready`, `/metrics`.
     pub exempt_paths: Vec<String>,
     /// Named tiers and their limits. Defaults: `API_KEY` 60/min,
-    /// `INTERNAL_IP` 120/min, `PUBLIC_IP` 20/min.
+    /// `INTERNAL_IP` 120/min, `PUBLIC_IP` 20/min; a file that names some
+    /// tiers keeps the defaults of the others.
     pub tiers: BTreeMap<String, TierConfig>,
     /// Which tiers the network layer uses.
     pub network: NetworkPolicy,
@@ -230,6 +231,14 @@ fn validate_limits(at: &str, limits: &[LimitConfig]) -> Result<(), ConfigError> 
 }
 
 impl RateLimitConfig {
+    /// Puts back every default tier the file did not name: a file that
+    /// tunes `PUBLIC_IP` keeps `API_KEY` and `INTERNAL_IP`.
+    pub fn fill_default_tiers(&mut self) {
+        for (name, tier) in Self::default().tiers {
+            self.tiers.entry(name).or_insert(tier);
+        }
+    }
+
     /// Checks that every named tier exists and every limit is sane.
     pub fn validate(&self, identity: &IdentityConfig, redis_url: &str) -> Result<(), ConfigError> {
         if self.store == StoreKind::Redis && redis_url.is_empty() {

@@ -122,11 +122,16 @@ impl Policy {
     fn spec(&self, scope: &str, subject: &str, l: &LimitConfig, cost: u64) -> LimitSpec {
         let algorithm = l.algorithm.unwrap_or(self.config.algorithm);
         LimitSpec {
+            // Window and limit are both in the key: two limits on one
+            // subject (say 100/min enforced and 2/min shadow) never share
+            // counters.
             key: format!(
-                "{}:{}:{scope}:{subject}:{}",
+                "{}:{}:{scope}:{subject}:{}:{}{}",
                 self.config.key_prefix,
                 algo_code(algorithm),
-                window_label(l.window)
+                window_label(l.window),
+                l.limit,
+                if l.shadow { ":shadow" } else { "" }
             ),
             algorithm,
             limit: l.limit,
@@ -153,7 +158,11 @@ impl Policy {
                 layer,
                 scope,
                 tier: tier.to_owned(),
-                name: format!("{tier}.{scope}.{}", window_label(l.window)),
+                name: format!(
+                    "{tier}.{scope}.{}{}",
+                    window_label(l.window),
+                    if l.shadow { ".shadow" } else { "" }
+                ),
                 on_store_failure,
             });
         }

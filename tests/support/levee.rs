@@ -57,7 +57,7 @@ impl LeveeBuilder {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn levee");
-        let levee = Levee {
+        let mut levee = Levee {
             child: Some(child),
             port,
         };
@@ -87,10 +87,17 @@ impl Levee {
         self.child.as_ref().expect("running").id()
     }
 
-    async fn wait_healthy(&self) {
+    async fn wait_healthy(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let client = reqwest::Client::new();
         while Instant::now() < deadline {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("levee exited before becoming healthy: {status}");
+            }
             if let Ok(r) = client.get(format!("{}/health", self.url())).send().await {
                 if r.status().is_success() {
                     return;

@@ -327,7 +327,7 @@ impl State {
             Self::Gcra { tat } => {
                 *tat = (*tat)
                     .max(now)
-                    .saturating_add(units.saturating_mul(p.interval))
+                    .saturating_add(units.saturating_mul(p.interval));
             }
         }
     }
@@ -350,7 +350,7 @@ impl State {
             Self::Gcra { tat } => {
                 *tat = tat
                     .saturating_sub(units.saturating_mul(p.interval))
-                    .max(now)
+                    .max(now);
             }
         }
     }

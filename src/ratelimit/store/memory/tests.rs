@@ -45,7 +45,10 @@ struct Scenario {
 
 impl Scenario {
     fn spec(&self, key: &str, cost: u64) -> LimitSpec {
-        let mut s = with_cost(spec(key, ALGORITHMS[self.algorithm].0, self.limit, self.window), cost);
+        let mut s = with_cost(
+            spec(key, ALGORITHMS[self.algorithm].0, self.limit, self.window),
+            cost,
+        );
         s.burst = self.burst;
         s
     }
@@ -68,14 +71,16 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         0u64..5_000_000,
         prop::collection::vec((0u64..400_000, 1u64..=3), 1..60),
     )
-        .prop_map(|(algorithm, limit, window, burst, start, arrivals)| Scenario {
-            algorithm,
-            limit,
-            window,
-            burst,
-            start,
-            arrivals,
-        })
+        .prop_map(
+            |(algorithm, limit, window, burst, start, arrivals)| Scenario {
+                algorithm,
+                limit,
+                window,
+                burst,
+                start,
+                arrivals,
+            },
+        )
 }
 
 proptest! {
@@ -179,7 +184,10 @@ fn rejected_request_consumes_no_quota() {
         let mut core = MemoryCore::default();
         let limit = with_cost(spec("k", algorithm, 3, 1_000_000), 1);
         for t in 0..3 {
-            assert!(core.check_at(t, std::slice::from_ref(&limit)).allowed, "{name}");
+            assert!(
+                core.check_at(t, std::slice::from_ref(&limit)).allowed,
+                "{name}"
+            );
         }
         let first = core.check_at(10, std::slice::from_ref(&limit));
         assert!(!first.allowed, "{name}");
@@ -187,11 +195,18 @@ fn rejected_request_consumes_no_quota() {
         // A client hammering while limited...
         for t in 11..10 + retry {
             if t % 997 == 0 {
-                assert!(!core.check_at(t, std::slice::from_ref(&limit)).allowed, "{name}");
+                assert!(
+                    !core.check_at(t, std::slice::from_ref(&limit)).allowed,
+                    "{name}"
+                );
             }
         }
         // ...is admitted exactly when the first rejection said.
-        assert!(core.check_at(10 + retry, std::slice::from_ref(&limit)).allowed, "{name}");
+        assert!(
+            core.check_at(10 + retry, std::slice::from_ref(&limit))
+                .allowed,
+            "{name}"
+        );
     }
 }
 
@@ -206,7 +221,10 @@ fn a_limit_that_rejects_leaves_the_other_limits_untouched() {
     let second = core.check_at(1, &[wide.clone(), narrow]);
     assert!(!second.allowed);
     assert!(second.states[0].allowed, "the wide limit alone admits");
-    assert_eq!(second.states[0].remaining, 4, "but nothing was taken from it");
+    assert_eq!(
+        second.states[0].remaining, 4,
+        "but nothing was taken from it"
+    );
     assert_eq!(core.check_at(2, &[wide]).states[0].remaining, 3);
 }
 
@@ -228,7 +246,10 @@ fn shadow_limits_never_reject_and_count_only_what_they_admit() {
     assert_eq!(last.states[0].remaining, 100 - 6);
     assert_eq!(last.states[1].remaining, 0);
     // Only two units were counted, so the shadow log frees up after one window.
-    assert_eq!(last.states[1].reset_after, Duration::from_micros(1_000_000 - 5));
+    assert_eq!(
+        last.states[1].reset_after,
+        Duration::from_micros(1_000_000 - 5)
+    );
 }
 
 #[test]
@@ -249,7 +270,10 @@ fn fixed_window_admits_twice_the_limit_across_a_window_edge() {
         .map(|i| 999_990 + i) // 10 µs before the edge, 10 µs after
         .filter(|&t| core.check_at(t, std::slice::from_ref(&limit)).allowed)
         .count();
-    assert_eq!(admitted, 20, "the documented boundary burst of fixed windows");
+    assert_eq!(
+        admitted, 20,
+        "the documented boundary burst of fixed windows"
+    );
     // A sliding log over the same arrivals admits the limit only.
     let mut core = MemoryCore::default();
     let log = spec("k", Algorithm::SlidingLog, 10, 1_000_000);
@@ -281,11 +305,20 @@ fn gcra_reports_burst_remaining_and_the_time_until_full() {
 fn adjust_charges_and_refunds_a_gcra_budget() {
     let mut core = MemoryCore::default();
     let budget = spec("k", Algorithm::Gcra, 10, 10_000_000); // T = 1 s, burst 10
-    assert_eq!(core.check_at(0, &[with_cost(budget.clone(), 2)]).states[0].remaining, 8);
+    assert_eq!(
+        core.check_at(0, &[with_cost(budget.clone(), 2)]).states[0].remaining,
+        8
+    );
     core.adjust_at(0, &budget, 5); // real usage was 7
-    assert_eq!(core.check_at(0, &[with_cost(budget.clone(), 0)]).states[0].remaining, 3);
+    assert_eq!(
+        core.check_at(0, &[with_cost(budget.clone(), 0)]).states[0].remaining,
+        3
+    );
     core.adjust_at(0, &budget, -4); // then 4 came back
-    assert_eq!(core.check_at(0, &[with_cost(budget.clone(), 0)]).states[0].remaining, 7);
+    assert_eq!(
+        core.check_at(0, &[with_cost(budget.clone(), 0)]).states[0].remaining,
+        7
+    );
     core.adjust_at(0, &budget, -100); // a refund never goes below empty
     let d = core.check_at(0, &[with_cost(budget.clone(), 10)]);
     assert!(d.allowed);
@@ -306,13 +339,28 @@ fn adjust_charges_and_refunds_the_window_and_log_algorithms() {
         let mut core = MemoryCore::default();
         let limit = spec("k", algorithm, 10, 1_000_000);
         core.adjust_at(100, &limit, 7);
-        assert_eq!(core.check_at(100, &[with_cost(limit.clone(), 0)]).states[0].remaining, 3, "{name}");
+        assert_eq!(
+            core.check_at(100, &[with_cost(limit.clone(), 0)]).states[0].remaining,
+            3,
+            "{name}"
+        );
         core.adjust_at(100, &limit, 5);
-        assert!(!core.check_at(100, std::slice::from_ref(&limit)).allowed, "{name}: overdrawn");
+        assert!(
+            !core.check_at(100, std::slice::from_ref(&limit)).allowed,
+            "{name}: overdrawn"
+        );
         core.adjust_at(100, &limit, -4);
-        assert_eq!(core.check_at(100, &[with_cost(limit.clone(), 0)]).states[0].remaining, 2, "{name}");
+        assert_eq!(
+            core.check_at(100, &[with_cost(limit.clone(), 0)]).states[0].remaining,
+            2,
+            "{name}"
+        );
         core.adjust_at(100, &limit, -50);
-        assert_eq!(core.check_at(100, std::slice::from_ref(&limit)).states[0].remaining, 9, "{name}: floored at 0");
+        assert_eq!(
+            core.check_at(100, std::slice::from_ref(&limit)).states[0].remaining,
+            9,
+            "{name}: floored at 0"
+        );
     }
 }
 
@@ -335,8 +383,15 @@ fn expired_entries_are_swept_so_memory_stays_bounded() {
     for i in 0..20_000u64 {
         let key = format!("client-{i}");
         // Each key is used once; 10 keys are live at any time.
-        core.check_at(i * 1_000, &[spec(&key, ALGORITHMS[(i % 4) as usize].0, 5, 10_000)]);
-        assert!(core.len() <= usize::try_from(SWEEP_EVERY).unwrap() + 10, "{} entries at i={i}", core.len());
+        core.check_at(
+            i * 1_000,
+            &[spec(&key, ALGORITHMS[(i % 4) as usize].0, 5, 10_000)],
+        );
+        assert!(
+            core.len() <= usize::try_from(SWEEP_EVERY).unwrap() + 10,
+            "{} entries at i={i}",
+            core.len()
+        );
     }
 }
 
@@ -346,7 +401,10 @@ fn the_sweep_never_forgets_live_state() {
     let hot = spec("hot", Algorithm::SlidingLog, 1, 60_000_000);
     assert!(core.check_at(0, std::slice::from_ref(&hot)).allowed);
     for i in 0..5_000u64 {
-        core.check_at(i, &[spec(&format!("cold-{i}"), Algorithm::FixedWindow, 5, 10)]);
+        core.check_at(
+            i,
+            &[spec(&format!("cold-{i}"), Algorithm::FixedWindow, 5, 10)],
+        );
     }
     assert!(!core.check_at(10_000, &[hot]).allowed);
 }
@@ -357,14 +415,29 @@ async fn memory_store_runs_on_tokio_time() {
     assert_eq!(store.kind(), "memory");
     let limit = spec("k", Algorithm::SlidingLog, 2, 60_000_000);
     for _ in 0..2 {
-        assert!(store.check(std::slice::from_ref(&limit), "r").await.unwrap().allowed);
+        assert!(
+            store
+                .check(std::slice::from_ref(&limit), "r")
+                .await
+                .unwrap()
+                .allowed
+        );
         tokio::time::advance(Duration::from_secs(10)).await;
     }
-    let d = store.check(std::slice::from_ref(&limit), "r").await.unwrap();
+    let d = store
+        .check(std::slice::from_ref(&limit), "r")
+        .await
+        .unwrap();
     assert!(!d.allowed);
     assert_eq!(d.states[0].retry_after, Duration::from_secs(40));
     tokio::time::advance(Duration::from_secs(40)).await;
-    assert!(store.check(std::slice::from_ref(&limit), "r").await.unwrap().allowed);
+    assert!(
+        store
+            .check(std::slice::from_ref(&limit), "r")
+            .await
+            .unwrap()
+            .allowed
+    );
     store.adjust(&limit, 1).await.unwrap();
     assert!(!store.check(&[limit], "r").await.unwrap().allowed);
     assert_eq!(store.len(), 1);
