@@ -413,14 +413,8 @@ async fn tenants_get_their_own_per_second_limits() {
         .collect();
     // Within one second: vastralaya 20/s, surat_saree_house 10/s (their
     // per-minute quotas, 200 and 60, are not the constraint here).
-    assert!(
-        admitted[0] <= 20 && admitted[0] >= 20,
-        "vastralaya {admitted:?}"
-    );
-    assert!(
-        admitted[1] <= 10 && admitted[1] >= 10,
-        "surat_saree_house {admitted:?}"
-    );
+    assert_eq!(admitted[0], 20, "vastralaya {admitted:?}");
+    assert_eq!(admitted[1], 10, "surat_saree_house {admitted:?}");
 }
 
 #[tokio::test]
