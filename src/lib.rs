@@ -13,6 +13,8 @@
 //! - [`upstream`]: the dependencies behind traits: OpenAI-compatible LLM,
 //!   Qdrant vector store, and their embedded defaults.
 //! - [`health`]: last-known dependency states for `/ready`.
+//! - [`telemetry`]: Prometheus metrics (`/metrics`), OpenTelemetry traces
+//!   over OTLP, W3C trace context in from clients and out to upstreams.
 //! - [`text`]: tokenising shared by the built-in index and answerer.
 
 pub mod config;
@@ -21,6 +23,8 @@ pub mod http;
 pub mod identity;
 pub mod rag;
 pub mod ratelimit;
+pub mod resilience;
 pub mod server;
+pub mod telemetry;
 pub mod text;
 pub mod upstream;

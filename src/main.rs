@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use levee::config::Config;
 use levee::server;
+use levee::telemetry::{Tracing, TracingConfig, DEFAULT_LOG_FILTER};
 
 /// Levee: a resilience gateway for RAG / LLM backends.
 #[derive(Debug, Parser)]
@@ -32,27 +33,30 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LEVEE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let env = |k: &str| std::env::var(k).ok();
     match cli.command {
-        Command::CheckConfig { file } => match Config::load(Some(&file), env) {
-            Ok(_) => {
-                eprintln!("{}: ok", file.display());
-                ExitCode::SUCCESS
+        Command::CheckConfig { file } => {
+            Tracing::init_logs(&env("LEVEE_LOG").unwrap_or_else(|| DEFAULT_LOG_FILTER.to_owned()));
+            match Config::load(Some(&file), env) {
+                Ok(_) => {
+                    eprintln!("{}: ok", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    ExitCode::from(2)
+                }
             }
-            Err(e) => {
-                eprintln!("{}: {e}", file.display());
-                ExitCode::from(2)
-            }
-        },
+        }
         Command::Serve { config } => {
             let config = match Config::load(config.as_deref(), env) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("levee: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let tracing_config = match TracingConfig::from_env(env) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("levee: {e}");
@@ -66,7 +70,19 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run(config)) {
+            // The OTLP exporters keep their connections on the runtime.
+            let tracing = match runtime.block_on(async { Tracing::init(&tracing_config) }) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("levee: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let result = runtime.block_on(run(config));
+            // Flush batched spans after the drain, while the runtime that
+            // carries the exporter's connection is still running.
+            tracing.shutdown();
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("levee: {e}");

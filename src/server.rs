@@ -13,14 +13,17 @@ use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError};
 use crate::health::DependencyHealth;
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, Breakers};
 use crate::identity::Resolver;
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
 use crate::ratelimit::policy::Policy;
 use crate::ratelimit::store::{LimitStore, MemoryStore, RedisStore};
 use crate::ratelimit::{Limiter, StoreKind};
+use crate::resilience::{DependencyStack, ResilienceObserver};
+use crate::telemetry::Metrics;
 use crate::upstream::{
-    Embedder, ExtractiveAnswerer, Llm, LocalIndex, OpenAiClient, QdrantClient, VectorStore,
+    Embedder, ExtractiveAnswerer, FallbackLlm, GuardedLimitStore, GuardedLlm, GuardedMemory,
+    GuardedVectorStore, Llm, LocalIndex, OpenAiClient, QdrantClient, VectorStore,
 };
 
 /// Why the gateway could not start.
@@ -52,47 +55,51 @@ pub async fn build(
     vars: impl Fn(&str) -> Option<String>,
 ) -> Result<AppState, StartError> {
     let health = Arc::new(DependencyHealth::default());
-    let llm: Arc<dyn Llm> = if config.llm.url.is_empty() {
-        Arc::new(ExtractiveAnswerer)
-    } else {
-        Arc::new(OpenAiClient::new(&config.llm.url, &config.llm, &vars)?)
-    };
-    let vs = &config.vector_store;
-    let retriever: Arc<dyn VectorStore> = if vs.url.is_empty() {
-        Arc::new(LocalIndex::acme())
-    } else {
-        // Query embedding is part of retrieval, so it gets retrieval's budget.
-        let embedder: Arc<dyn Embedder> = Arc::new(
-            OpenAiClient::new(config.embeddings_url(), &config.llm, &vars)?
-                .with_timeout(vs.timeout, config.llm.connect_timeout)?,
-        );
-        Arc::new(QdrantClient::new(
-            &vs.url,
-            &vs.collection,
-            &vs.text_field,
-            vs.timeout,
-            config.llm.connect_timeout,
-            embedder,
-        )?)
-    };
+    // The one metrics registry of this process, passed to everything that
+    // records (and served at /metrics); it also observes every breaker,
+    // retry and bulkhead.
+    let metrics = Metrics::new(config);
+    let observer: Arc<dyn ResilienceObserver> = Arc::new(metrics.clone());
+    let res = &config.resilience;
+    let mut breakers = Breakers::default();
+
+    let llm = build_llm(config, &vars, &metrics, &observer, &mut breakers)?;
+    let retriever = build_retriever(config, &vars, &metrics, &observer, &mut breakers)?;
+
     let redis = redis_connection(config)?;
-    let memory: Arc<dyn ConversationStore> = match &redis {
-        None => Arc::new(InProcessMemory::new(config.memory.clone())),
-        Some(conn) => Arc::new(RedisMemory::new(
-            conn.clone(),
-            config.memory.clone(),
-            config.redis.timeout,
-        )),
+    // One stack for Redis, shared by the limiter store and memory: when its
+    // breaker opens, both skip Redis at once.
+    let redis_stack = match &redis {
+        Some(_) => {
+            let stack = DependencyStack::new("redis", res.redis.clone(), observer.clone())?;
+            breakers.add(&stack);
+            Some(stack)
+        }
+        None => None,
     };
-    let limiter = build_limiter(config, redis.as_ref());
+    let memory: Arc<dyn ConversationStore> = match (&redis, &redis_stack) {
+        (Some(conn), Some(stack)) => {
+            let inner = RedisMemory::new(
+                conn.clone(),
+                config.memory.clone(),
+                res.redis.attempt_timeout,
+            )
+            .with_metrics(metrics.clone());
+            Arc::new(GuardedMemory::new(Arc::new(inner), stack))
+        }
+        _ => Arc::new(InProcessMemory::new(config.memory.clone())),
+    };
+    let limiter = build_limiter(config, redis.as_ref(), redis_stack.as_ref(), &metrics);
     let pipeline = Pipeline::new(
         IntentRouter::new(&config.router),
         retriever,
         llm,
         memory,
-        vs.top_k,
+        config.vector_store.top_k,
         health.clone(),
-    );
+    )
+    .with_retrieval_fallback(config.vector_store.on_failure)
+    .with_metrics(metrics.clone());
     Ok(AppState {
         pipeline,
         limiter,
@@ -100,7 +107,80 @@ pub async fn build(
         health,
         max_body_bytes: config.server.max_body_bytes,
         max_message_bytes: config.server.max_message_bytes,
+        metrics,
+        breakers: Arc::new(breakers),
+        admin_token: vars(&config.admin.token_env).filter(|t| !t.is_empty()),
     })
+}
+
+/// The LLM: the built-in answerer, or the OpenAI-compatible client behind
+/// its resilience stack (and a secondary endpoint behind its own).
+fn build_llm(
+    config: &Config,
+    vars: &impl Fn(&str) -> Option<String>,
+    metrics: &Metrics,
+    observer: &Arc<dyn ResilienceObserver>,
+    breakers: &mut Breakers,
+) -> Result<Arc<dyn Llm>, StartError> {
+    if config.llm.url.is_empty() {
+        return Ok(Arc::new(ExtractiveAnswerer));
+    }
+    let policy = &config.resilience.llm;
+    let client = |url: &str| -> Result<Arc<dyn Llm>, StartError> {
+        Ok(Arc::new(
+            OpenAiClient::new(url, &config.llm, vars)?
+                .with_timeout(policy.attempt_timeout, config.llm.connect_timeout)?
+                .with_metrics(metrics.clone()),
+        ))
+    };
+    let stack = DependencyStack::new("llm", policy.clone(), observer.clone())?;
+    breakers.add(&stack);
+    let primary: Arc<dyn Llm> = Arc::new(GuardedLlm::new(client(&config.llm.url)?, &stack));
+    if config.llm.secondary_url.is_empty() {
+        return Ok(primary);
+    }
+    let secondary_stack = DependencyStack::new("llm_secondary", policy.clone(), observer.clone())?;
+    breakers.add(&secondary_stack);
+    let secondary = Arc::new(GuardedLlm::new(
+        client(&config.llm.secondary_url)?,
+        &secondary_stack,
+    ));
+    Ok(Arc::new(FallbackLlm::new(primary, secondary)))
+}
+
+/// The vector store: the built-in index, or Qdrant (with query embeddings
+/// from the OpenAI-compatible endpoint) behind its resilience stack.
+fn build_retriever(
+    config: &Config,
+    vars: &impl Fn(&str) -> Option<String>,
+    metrics: &Metrics,
+    observer: &Arc<dyn ResilienceObserver>,
+    breakers: &mut Breakers,
+) -> Result<Arc<dyn VectorStore>, StartError> {
+    let vs = &config.vector_store;
+    if vs.url.is_empty() {
+        return Ok(Arc::new(LocalIndex::acme()));
+    }
+    let policy = &config.resilience.vector_store;
+    // Query embedding is part of retrieval, so it shares retrieval's
+    // attempt budget and breaker.
+    let embedder: Arc<dyn Embedder> = Arc::new(
+        OpenAiClient::new(config.embeddings_url(), &config.llm, vars)?
+            .with_timeout(policy.attempt_timeout, config.llm.connect_timeout)?
+            .with_metrics(metrics.clone()),
+    );
+    let client = QdrantClient::new(
+        &vs.url,
+        &vs.collection,
+        &vs.text_field,
+        policy.attempt_timeout,
+        config.llm.connect_timeout,
+        embedder,
+    )?
+    .with_metrics(metrics.clone());
+    let stack = DependencyStack::new("vector_store", policy.clone(), observer.clone())?;
+    breakers.add(&stack);
+    Ok(Arc::new(GuardedVectorStore::new(Arc::new(client), &stack)))
 }
 
 /// One lazily connected Redis connection shared by memory and the limiter,
@@ -117,33 +197,42 @@ fn redis_connection(config: &Config) -> Result<Option<ConnectionManager>, StartE
         )
     };
     let client = redis::Client::open(config.redis.url.as_str()).map_err(invalid)?;
+    let timeout = config.resilience.redis.attempt_timeout;
     // The manager connects lazily and reconnects by itself, so a Redis that
     // is down at start does not stop the gateway from serving.
     let manager_config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.redis.timeout.max(Duration::from_millis(200))))
-        .set_response_timeout(Some(config.redis.timeout));
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
+        .set_response_timeout(Some(timeout));
     let conn = ConnectionManager::new_lazy_with_config(client, manager_config).map_err(invalid)?;
     Ok(Some(conn))
 }
 
-fn build_limiter(config: &Config, redis: Option<&ConnectionManager>) -> Option<Arc<Limiter>> {
+fn build_limiter(
+    config: &Config,
+    redis: Option<&ConnectionManager>,
+    redis_stack: Option<&DependencyStack>,
+    metrics: &Metrics,
+) -> Option<Arc<Limiter>> {
     let rl = &config.ratelimit;
     if !rl.enabled {
         return None;
     }
-    let store: Arc<dyn LimitStore> = match (rl.store, redis) {
-        (StoreKind::Memory, _) | (StoreKind::Auto, None) => Arc::new(MemoryStore::new()),
-        (StoreKind::Redis | StoreKind::Auto, Some(conn)) => {
-            Arc::new(RedisStore::new(conn.clone(), config.redis.timeout))
+    let store: Arc<dyn LimitStore> = match (rl.store, redis, redis_stack) {
+        (StoreKind::Redis | StoreKind::Auto, Some(conn), Some(stack)) => {
+            let inner = RedisStore::new(conn.clone(), config.resilience.redis.attempt_timeout);
+            Arc::new(GuardedLimitStore::new(Arc::new(inner), stack))
         }
         // validate() requires redis.url for `store = "redis"`.
-        (StoreKind::Redis, None) => Arc::new(MemoryStore::new()),
+        _ => Arc::new(MemoryStore::new()),
     };
-    Some(Arc::new(Limiter::new(
-        Policy::new(rl.clone()),
-        Resolver::new(&config.identity),
-        store,
-    )))
+    Some(Arc::new(
+        Limiter::new(
+            Policy::new(rl.clone()),
+            Resolver::new(&config.identity),
+            store,
+        )
+        .with_metrics(metrics.clone()),
+    ))
 }
 
 /// Binds the configured address.

@@ -247,10 +247,13 @@ fn check_config_names_the_bad_key() {
         "{stderr}"
     );
 
-    std::fs::write(&bad, "[llm]\ntimeout = \"soon\"\n").expect("write");
+    std::fs::write(&bad, "[resilience.llm]\nattempt_timeout = \"soon\"\n").expect("write");
     let (ok, stderr) = check_config(&bad);
     assert!(!ok);
-    assert!(stderr.contains("llm.timeout"), "{stderr}");
+    assert!(
+        stderr.contains("resilience.llm.attempt_timeout"),
+        "{stderr}"
+    );
 
     let good = dir.join(format!("levee-good-{}.toml", std::process::id()));
     std::fs::write(&good, "[server]\nlisten = \"127.0.0.1:0\"\n").expect("write");

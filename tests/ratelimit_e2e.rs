@@ -136,8 +136,9 @@ fn exactness_config(algorithm: &str) -> String {
     // three debug builds within the default 50 ms.
     format!(
         r#"
-[redis]
-timeout = "2s"
+[resilience.redis]
+attempt_timeout = "2s"
+deadline = "2s"
 
 [[identity.api_keys]]
 id = "partner"

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::IdentityConfig;
 use crate::ratelimit::RateLimitConfig;
+use crate::resilience::ResilienceConfig;
 
 mod env;
 mod error;
@@ -32,8 +33,6 @@ pub const DEFAULT_LLM_MODEL: &str = "gpt-4o-mini";
 pub const DEFAULT_EMBEDDING_MODEL: &str = "text-embedding-3-small";
 /// Default name of the environment variable holding the LLM API key.
 pub const DEFAULT_LLM_API_KEY_ENV: &str = "LEVEE_LLM_API_KEY";
-/// Default whole-call timeout for one LLM request.
-pub const DEFAULT_LLM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default TCP connect timeout for upstream clients.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default `max_tokens` asked of the LLM.
@@ -42,8 +41,6 @@ pub const DEFAULT_LLM_MAX_TOKENS: u32 = 512;
 pub const DEFAULT_COLLECTION: &str = "acme_kb";
 /// Default number of passages retrieved per question.
 pub const DEFAULT_TOP_K: usize = 3;
-/// Default timeout for one vector-store call.
-pub const DEFAULT_VECTOR_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default payload field holding a passage's text.
 pub const DEFAULT_TEXT_FIELD: &str = "text";
 /// Default cap on remembered turns per thread (a turn is one message).
@@ -54,8 +51,6 @@ pub const DEFAULT_MEMORY_MAX_BYTES: usize = 16 * 1024;
 pub const DEFAULT_MEMORY_TTL: Duration = Duration::from_secs(3600);
 /// Default cap on threads held by the in-process memory.
 pub const DEFAULT_MEMORY_MAX_THREADS: usize = 10_000;
-/// Default timeout for one Redis command.
-pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default longest accepted chat message, in bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 8 * 1024;
 
@@ -79,6 +74,10 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// Rate limits: tiers, tenants, routes, store.
     pub ratelimit: RateLimitConfig,
+    /// Per-dependency deadline, retry, breaker, bulkhead, attempt timeout.
+    pub resilience: ResilienceConfig,
+    /// The admin API.
+    pub admin: AdminConfig,
 }
 
 /// HTTP listener and request handling.
@@ -110,14 +109,15 @@ pub struct LlmConfig {
     /// Name of the environment variable that holds the API key (the key
     /// itself never lives in the config file). Default `LEVEE_LLM_API_KEY`.
     pub api_key_env: String,
-    /// Whole-call timeout. Default 30 s.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    /// TCP connect timeout. Default 2 s.
+    /// TCP connect timeout. Default 2 s. (Call timeouts, retries and the
+    /// breaker are under `[resilience.llm]`.)
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// `max_tokens` asked of the model. Default 512.
     pub max_tokens: u32,
+    /// A second OpenAI-compatible base URL, used when the primary fails or
+    /// its breaker is open (same model, key and policy). Default: none.
+    pub secondary_url: String,
 }
 
 /// The vector store upstream.
@@ -133,12 +133,24 @@ pub struct VectorStoreConfig {
     pub top_k: usize,
     /// Payload field holding a passage's text. Default `text`.
     pub text_field: String,
-    /// Timeout of one search call. Default 1 s.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
     /// OpenAI-compatible base URL used to embed queries for Qdrant. Empty
     /// (the default) means `llm.url`.
     pub embeddings_url: String,
+    /// When retrieval fails or its breaker is open: `fail` (503 / 502 /
+    /// 504) or `degrade` (answer without retrieval, `metadata.degraded`).
+    /// Default `fail`.
+    pub on_failure: RetrievalFallback,
+}
+
+/// What the pipeline does when retrieval fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetrievalFallback {
+    /// Fail the request with the dependency's error.
+    #[default]
+    Fail,
+    /// Answer without retrieved passages, marked degraded.
+    Degrade,
 }
 
 /// Conversation memory.
@@ -193,15 +205,31 @@ pub struct RouterRule {
 }
 
 /// Redis connection.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://host:port/db`. Empty (the default) keeps all state in
-    /// process. Override with `LEVEE_REDIS_URL`.
+    /// process. Override with `LEVEE_REDIS_URL`. (The bound on one command,
+    /// the breaker and the rest are under `[resilience.redis]`.)
     pub url: String,
-    /// Timeout of one Redis command. Default 50 ms.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
+}
+
+/// The admin API (`/admin/breakers`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Environment variable holding the admin bearer token; while it is
+    /// unset or empty the admin API is off (404). Default
+    /// `LEVEE_ADMIN_TOKEN`.
+    pub token_env: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token_env: "LEVEE_ADMIN_TOKEN".to_owned(),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -222,9 +250,9 @@ impl Default for LlmConfig {
             model: DEFAULT_LLM_MODEL.to_owned(),
             embedding_model: DEFAULT_EMBEDDING_MODEL.to_owned(),
             api_key_env: DEFAULT_LLM_API_KEY_ENV.to_owned(),
-            timeout: DEFAULT_LLM_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_tokens: DEFAULT_LLM_MAX_TOKENS,
+            secondary_url: String::new(),
         }
     }
 }
@@ -236,8 +264,8 @@ impl Default for VectorStoreConfig {
             collection: DEFAULT_COLLECTION.to_owned(),
             top_k: DEFAULT_TOP_K,
             text_field: DEFAULT_TEXT_FIELD.to_owned(),
-            timeout: DEFAULT_VECTOR_TIMEOUT,
             embeddings_url: String::new(),
+            on_failure: RetrievalFallback::Fail,
         }
     }
 }
@@ -263,15 +291,6 @@ impl Default for RouterConfig {
                 keywords: smalltalk.iter().map(|s| (*s).to_owned()).collect(),
                 route: Route::Direct,
             }],
-        }
-    }
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        Self {
-            url: String::new(),
-            timeout: DEFAULT_REDIS_TIMEOUT,
         }
     }
 }
@@ -333,7 +352,6 @@ impl Config {
             &self.llm.model,
             "must not be empty",
         )?;
-        check_positive("llm.timeout", self.llm.timeout)?;
         check_positive("llm.connect_timeout", self.llm.connect_timeout)?;
         check(
             self.llm.max_tokens > 0,
@@ -381,7 +399,19 @@ impl Config {
                 ConfigError::invalid("redis.url", redact_url(&self.redis.url), e.to_string())
             })?;
         }
-        check_positive("redis.timeout", self.redis.timeout)?;
+        check_url("llm.secondary_url", &self.llm.secondary_url)?;
+        if !self.llm.secondary_url.is_empty() && self.llm.url.is_empty() {
+            return Err(ConfigError::invalid(
+                "llm.secondary_url",
+                redact_url(&self.llm.secondary_url),
+                "a secondary LLM needs a primary: set llm.url",
+            ));
+        }
+        self.resilience.llm.validate("resilience.llm")?;
+        self.resilience
+            .vector_store
+            .validate("resilience.vector_store")?;
+        self.resilience.redis.validate("resilience.redis")?;
         self.identity.validate()?;
         self.ratelimit.validate(&self.identity, &self.redis.url)?;
         Ok(())
@@ -407,7 +437,6 @@ impl Config {
             &vs.collection,
             "must be non-empty and use only letters, digits, '_' and '-'",
         )?;
-        check_positive("vector_store.timeout", vs.timeout)?;
         if !vs.url.is_empty() && self.embeddings_url().is_empty() {
             return Err(ConfigError::invalid(
                 "vector_store.embeddings_url",

@@ -186,6 +186,20 @@ impl ApiError {
                     None => e,
                 }
             }
+            UpstreamErrorKind::Unavailable { retry_after } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "dependency_unavailable",
+                format!("{dep} is unavailable (circuit open); not called"),
+            )
+            .with("dependency", dep.as_str())
+            .with_retry_after(*retry_after),
+            UpstreamErrorKind::Busy => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "dependency_busy",
+                format!("too many calls to {dep} in flight; not called"),
+            )
+            .with("dependency", dep.as_str())
+            .with_retry_after(Duration::from_secs(1)),
             kind => Self::new(
                 StatusCode::BAD_GATEWAY,
                 "dependency_failed",

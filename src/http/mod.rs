@@ -11,15 +11,18 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+mod admin;
 mod chat;
 mod error;
 
+pub use admin::Breakers;
 pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
 pub use error::ApiError;
 
 use crate::health::{DependencyHealth, DependencyState};
 use crate::rag::Pipeline;
 use crate::ratelimit::{Limiter, RateLimitLayer};
+use crate::telemetry::{Metrics, TraceLayer};
 use crate::upstream::Dependency;
 
 /// What handlers share.
@@ -37,6 +40,12 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// `server.max_message_bytes`.
     pub max_message_bytes: usize,
+    /// The metrics registry, served at `/metrics`.
+    pub metrics: Metrics,
+    /// Every circuit breaker, for `/ready` and the admin API.
+    pub breakers: Arc<Breakers>,
+    /// The admin API's bearer token (`None`: admin API off).
+    pub admin_token: Option<String>,
 }
 
 /// Builds the application router.
@@ -47,6 +56,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat", post(chat::chat))
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/admin/breakers", get(admin::list))
+        .route("/admin/breakers/{dependency}/{action}", post(admin::act))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit));
     // Rate limits run before anything expensive (body parsing, retrieval,
@@ -55,10 +67,26 @@ pub fn router(state: AppState) -> Router {
         Some(limiter) => app.layer(RateLimitLayer::new(limiter)),
         None => app,
     };
-    // Outermost: whatever produced a bare error status (axum's 405, a
+    // Next: whatever produced a bare error status (axum's 405, a
     // body-limit 413 …) leaves as the JSON error contract.
-    app.layer(middleware::from_fn(json_errors))
+    let app = app.layer(middleware::from_fn(json_errors));
+    // Outside everything that can answer early (429, 503, 401, 413), so
+    // every request gets its SERVER span and is counted with the status the
+    // client saw.
+    app.layer(TraceLayer::new(state.metrics.clone()))
         .with_state(state)
+}
+
+/// `GET /metrics`: every `levee_*` family in the Prometheus text format.
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            crate::telemetry::metrics::CONTENT_TYPE,
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
 }
 
 async fn health() -> Json<serde_json::Value> {
@@ -79,13 +107,24 @@ async fn ready(State(state): State<AppState>) -> Response {
         json!({ "kind": kind, "state": s })
     };
     let draining = state.health.is_draining();
+    let mut deps = json!({
+        "llm": dep(p.synthesizer().kind(), Dependency::Llm),
+        "vector_store": dep(p.retriever().kind(), Dependency::VectorStore),
+        "memory": dep(p.memory().kind(), Dependency::Redis),
+    });
+    // A breaker's state is the freshest word on a remote dependency.
+    for snapshot in state.breakers.snapshots() {
+        let name = snapshot.dependency;
+        let entry = deps
+            .as_object_mut()
+            .map(|d| d.entry(name).or_insert_with(|| json!({ "kind": name })));
+        if let Some(entry) = entry {
+            entry["breaker"] = json!(snapshot);
+        }
+    }
     let body = json!({
         "status": if draining { "draining" } else { "ready" },
-        "dependencies": {
-            "llm": dep(p.synthesizer().kind(), Dependency::Llm),
-            "vector_store": dep(p.retriever().kind(), Dependency::VectorStore),
-            "memory": dep(p.memory().kind(), Dependency::Redis),
-        }
+        "dependencies": deps,
     });
     let status = if draining {
         StatusCode::SERVICE_UNAVAILABLE

@@ -11,8 +11,10 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::config::MemoryConfig;
+use crate::telemetry::{client, Metrics};
 use crate::upstream::{Dependency, Turn, UpstreamError, UpstreamErrorKind};
 
 /// Identifies a conversation. Threads belong to a (tenant, user) pair, so
@@ -126,6 +128,7 @@ pub struct RedisMemory {
     conn: ConnectionManager,
     caps: MemoryConfig,
     timeout: Duration,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for RedisMemory {
@@ -141,14 +144,42 @@ impl RedisMemory {
             conn,
             caps,
             timeout,
+            metrics: None,
         }
+    }
+
+    /// Records each command's latency into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn redis_key(key: &ThreadKey) -> String {
         format!("levee:mem:{}", key.digest())
     }
 
+    /// One command (`operation` names it on the CLIENT span), timed.
     async fn run<T: redis::FromRedisValue>(
+        &self,
+        operation: &'static str,
+        cmd: &redis::Pipeline,
+    ) -> Result<T, UpstreamError> {
+        let span = client::redis_span(operation);
+        let start = Instant::now();
+        let result = self.run_inner(cmd).instrument(span.clone()).await;
+        span.in_scope(|| {
+            client::finish(
+                self.metrics.as_ref(),
+                Dependency::Redis,
+                start.elapsed(),
+                &result,
+            );
+        });
+        result
+    }
+
+    async fn run_inner<T: redis::FromRedisValue>(
         &self,
         cmd: &redis::Pipeline,
     ) -> Result<T, UpstreamError> {
@@ -180,7 +211,7 @@ impl ConversationStore for RedisMemory {
     async fn load(&self, key: &ThreadKey) -> Result<Vec<Turn>, UpstreamError> {
         let mut pipe = redis::pipe();
         pipe.lrange(Self::redis_key(key), 0, -1);
-        let (raw,): (Vec<String>,) = self.run(&pipe).await?;
+        let (raw,): (Vec<String>,) = self.run("LRANGE", &pipe).await?;
         let mut turns: Vec<Turn> = raw
             .iter()
             .filter_map(|s| serde_json::from_str(s).ok())
@@ -204,7 +235,7 @@ impl ConversationStore for RedisMemory {
             .ignore()
             .expire(&rkey, self.caps.ttl.as_secs().max(1) as i64)
             .ignore();
-        self.run::<()>(&pipe).await
+        self.run::<()>("MULTI", &pipe).await
     }
 }
 

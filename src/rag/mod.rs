@@ -8,6 +8,8 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tracing::field::Empty;
+use tracing::Instrument;
 
 mod memory;
 mod router;
@@ -15,8 +17,10 @@ mod router;
 pub use memory::{ConversationStore, InProcessMemory, RedisMemory, ThreadKey};
 pub use router::{retrieval_query, IntentRouter};
 
-use crate::config::Route;
+use crate::config::{RetrievalFallback, Route};
 use crate::health::DependencyHealth;
+use crate::telemetry::client::int;
+use crate::telemetry::{Metrics, TokenKind};
 use crate::upstream::{
     Completion, Dependency, Llm, Passage, Role, Turn, UpstreamError, Usage, VectorStore,
 };
@@ -121,6 +125,8 @@ pub struct Pipeline {
     memory: Arc<dyn ConversationStore>,
     top_k: usize,
     health: Arc<DependencyHealth>,
+    metrics: Option<Metrics>,
+    retrieval_fallback: RetrievalFallback,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -150,6 +156,46 @@ impl Pipeline {
             memory,
             top_k,
             health,
+            metrics: None,
+            retrieval_fallback: RetrievalFallback::Fail,
+        }
+    }
+
+    /// What to do when retrieval fails (`vector_store.on_failure`).
+    #[must_use]
+    pub fn with_retrieval_fallback(mut self, fallback: RetrievalFallback) -> Self {
+        self.retrieval_fallback = fallback;
+        self
+    }
+
+    /// Counts LLM tokens per tenant into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// An INTERNAL span for one pipeline stage.
+    fn stage_span(stage: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            target: "levee::rag",
+            "stage",
+            otel.name = stage,
+            otel.kind = "internal",
+            otel.status_code = Empty,
+            levee.rag.stage = stage,
+            levee.rag.route = Empty,
+            levee.rag.rule = Empty,
+            levee.rag.passages = Empty,
+            levee.rag.history_turns = Empty,
+            gen_ai.usage.input_tokens = Empty,
+            gen_ai.usage.output_tokens = Empty,
+        )
+    }
+
+    fn mark_failed<T, E>(span: &tracing::Span, result: &Result<T, E>) {
+        if result.is_err() {
+            span.record("otel.status_code", "error");
         }
     }
 
@@ -204,7 +250,13 @@ impl Pipeline {
             }
         };
         let mut agents_used = vec!["router".to_owned()];
-        let (route, rule) = self.router.route(&req.message);
+        let (route, rule) = Self::stage_span("router").in_scope(|| {
+            let (route, rule) = self.router.route(&req.message);
+            let span = tracing::Span::current();
+            span.record("levee.rag.route", format!("{route:?}").to_lowercase());
+            span.record("levee.rag.rule", rule);
+            (route, rule)
+        });
         tracing::debug!(?route, rule, "routed");
 
         let passages = match route {
@@ -216,8 +268,27 @@ impl Pipeline {
                     .find(|t| t.role == Role::User)
                     .map(|t| t.content.as_str());
                 let query = retrieval_query(&req.message, previous);
-                let found = self.retriever.search(&query, self.top_k).await;
-                self.observe(Dependency::VectorStore, found)?
+                let span = Self::stage_span("retrieval");
+                let found = self
+                    .retriever
+                    .search(&query, self.top_k)
+                    .instrument(span.clone())
+                    .await;
+                Self::mark_failed(&span, &found);
+                if let Ok(p) = &found {
+                    span.record("levee.rag.passages", int(p.len()));
+                }
+                match self.observe(Dependency::VectorStore, found) {
+                    Ok(p) => p,
+                    // Degrade: answer without retrieval, and say so.
+                    Err(e) if self.retrieval_fallback == RetrievalFallback::Degrade => {
+                        tracing::warn!(error = %e, "retrieval failed; answering without it");
+                        agents_used.retain(|a| a != "retriever");
+                        degraded = true;
+                        Vec::new()
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Route::Direct => Vec::new(),
         };
@@ -228,7 +299,24 @@ impl Pipeline {
             passages: &passages,
             history: &history,
         });
-        let answer = self.observe(Dependency::Llm, answer.await)?;
+        let span = Self::stage_span("synthesis");
+        span.record("levee.rag.passages", int(passages.len()));
+        span.record("levee.rag.history_turns", int(history.len()));
+        let answer = answer.instrument(span.clone()).await;
+        Self::mark_failed(&span, &answer);
+        if let Ok(a) = &answer {
+            span.record("gen_ai.usage.input_tokens", int(a.usage.prompt_tokens));
+            span.record("gen_ai.usage.output_tokens", int(a.usage.completion_tokens));
+            if let Some(m) = &self.metrics {
+                m.add_tokens(&key.tenant, TokenKind::Prompt, a.usage.prompt_tokens);
+                m.add_tokens(
+                    &key.tenant,
+                    TokenKind::Completion,
+                    a.usage.completion_tokens,
+                );
+            }
+        }
+        let answer = self.observe(Dependency::Llm, answer)?;
 
         let turns = [
             Turn {

@@ -46,7 +46,8 @@ pub struct RateLimitConfig {
     pub algorithm: Algorithm,
     /// Prefix of every store key. Default `levee:rl`.
     pub key_prefix: String,
-    /// Paths never limited. Default `/health`, `/ready`, `/metrics`.
+    /// Paths never limited. Default `/health`, `/ready`, `/metrics`,
+    /// `/admin/*` (the admin API is behind its own token).
     pub exempt_paths: Vec<String>,
     /// Named tiers and their limits. Defaults: `API_KEY` 60/min,
     /// `INTERNAL_IP` 120/min, `PUBLIC_IP` 20/min; a file that names some
@@ -180,7 +181,7 @@ impl Default for RateLimitConfig {
             store: StoreKind::Auto,
             algorithm: DEFAULT_ALGORITHM,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            exempt_paths: ["/health", "/ready", "/metrics"]
+            exempt_paths: ["/health", "/ready", "/metrics", "/admin/*"]
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),

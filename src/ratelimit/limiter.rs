@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
+use tokio::time::Instant;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use super::config::FailureMode;
 use super::error::{LimiterUnavailable, RateLimited};
@@ -15,6 +18,7 @@ use super::headers;
 use super::policy::{Applied, Policy};
 use super::store::{Decision, LimitSpec, LimitStore, MemoryStore};
 use crate::identity::{Identity, IdentityError, Resolver};
+use crate::telemetry::{Metrics, RateLimitDecision};
 
 /// Header carrying the end user for per-user sub-limits.
 pub const USER_HEADER: &str = "x-user-id";
@@ -76,6 +80,8 @@ pub struct Limiter {
     fallback: MemoryStore,
     instance: u64,
     seq: AtomicU64,
+    /// Decision and store metrics (none in unit tests and benches).
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -105,7 +111,16 @@ impl Limiter {
             fallback: MemoryStore::new(),
             instance: rand::random(),
             seq: AtomicU64::new(0),
+            metrics: None,
         }
+    }
+
+    /// Records decisions and store latency into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        metrics.register_store(self.store.kind());
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The policy.
@@ -131,12 +146,17 @@ impl Limiter {
     async fn check(&self, applied: &[Applied]) -> Result<Checked, Rejection> {
         let specs: Vec<LimitSpec> = applied.iter().map(|a| a.spec.clone()).collect();
         let request_id = self.request_id();
-        let err = match self.store.check(&specs, &request_id).await {
+        let start = Instant::now();
+        let result = self.store.check(&specs, &request_id).await;
+        self.observe_store(start, result.is_ok());
+        let err = match result {
             Ok(decision) => {
-                return Ok(Checked {
+                let checked = Checked {
                     decision,
                     degraded: false,
-                })
+                };
+                self.record(applied, Some(&checked));
+                return Ok(checked);
             }
             Err(e) => e,
         };
@@ -145,6 +165,7 @@ impl Limiter {
             .iter()
             .any(|a| a.on_store_failure == FailureMode::FailClosed)
         {
+            self.record(applied, None);
             return Err(Rejection::new(
                 LimiterUnavailable {
                     retry_after: STORE_RETRY_AFTER,
@@ -166,10 +187,137 @@ impl Limiter {
             .check(&local, &request_id)
             .await
             .map_err(|e| Rejection::new(e, HeaderMap::new()))?;
-        Ok(Checked {
+        let checked = Checked {
             decision,
             degraded: true,
-        })
+        };
+        self.record(applied, Some(&checked));
+        Ok(checked)
+    }
+
+    fn observe_store(&self, start: Instant, ok: bool) {
+        let elapsed = start.elapsed();
+        let span = tracing::Span::current();
+        span.record("levee.ratelimit.store", self.store.kind());
+        span.record(
+            "levee.ratelimit.store.latency_ms",
+            elapsed.as_secs_f64() * 1000.0,
+        );
+        if let Some(m) = &self.metrics {
+            m.observe_store(self.store.kind(), elapsed, ok);
+        }
+    }
+
+    /// Counts one decision per (layer, tier) — the worst of the layer's
+    /// limits — and records the deciding limit on the current span.
+    /// `None` means the store was down and a tier fails closed.
+    fn record(&self, applied: &[Applied], checked: Option<&Checked>) {
+        let mut per_layer: Vec<(&'static str, &str, RateLimitDecision)> = Vec::new();
+        for (i, a) in applied.iter().enumerate() {
+            let d = match checked.map(|c| (c.decision.states.get(i), c.degraded)) {
+                None => RateLimitDecision::FailClosed,
+                Some((Some(s), _)) if !s.allowed && a.spec.shadow => {
+                    RateLimitDecision::ShadowLimited
+                }
+                Some((Some(s), _)) if !s.allowed => RateLimitDecision::Limited,
+                Some((_, true)) => RateLimitDecision::FailOpen,
+                Some((_, false)) => RateLimitDecision::Allowed,
+            };
+            let layer = a.layer.as_str();
+            match per_layer
+                .iter_mut()
+                .find(|(l, t, _)| *l == layer && *t == a.tier)
+            {
+                Some(entry) => entry.2 = entry.2.max(d),
+                None => per_layer.push((layer, &a.tier, d)),
+            }
+        }
+        if let Some(m) = &self.metrics {
+            for (layer, tier, d) in &per_layer {
+                m.record_decision(layer, tier, *d);
+            }
+        }
+        let span = tracing::Span::current();
+        let deciding = match checked {
+            Some(c) => {
+                headers::most_constraining(applied, &c.decision).and_then(|i| applied.get(i))
+            }
+            None => applied.first(),
+        };
+        let overall = per_layer
+            .iter()
+            .map(|(_, _, d)| *d)
+            .max()
+            .unwrap_or(RateLimitDecision::Allowed);
+        span.record("levee.ratelimit.decision", overall.as_str());
+        if let Some(a) = deciding {
+            span.record("levee.ratelimit.layer", a.layer.as_str());
+            span.record("levee.ratelimit.tier", a.tier.as_str());
+            span.record("levee.ratelimit.scope", a.scope);
+        }
+    }
+
+    /// The child span of one limiter call; the store, its latency and the
+    /// decision are recorded on it.
+    fn span(name: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            target: "levee::ratelimit",
+            "ratelimit",
+            otel.name = name,
+            otel.kind = "internal",
+            levee.ratelimit.decision = Empty,
+            levee.ratelimit.layer = Empty,
+            levee.ratelimit.tier = Empty,
+            levee.ratelimit.scope = Empty,
+            levee.ratelimit.store = Empty,
+            levee.ratelimit.store.latency_ms = Empty,
+        )
+    }
+
+    /// Records a refusal on the request's own span (the SERVER span when
+    /// called from the HTTP stack), so a 429 or 503 says why.
+    fn record_refusal(request_span: &tracing::Span, error: &(dyn std::error::Error + 'static)) {
+        if let Some(rl) = error.downcast_ref::<RateLimited>() {
+            request_span.record(
+                "levee.ratelimit.decision",
+                RateLimitDecision::Limited.as_str(),
+            );
+            request_span.record("levee.ratelimit.layer", rl.layer.as_str());
+            request_span.record("levee.ratelimit.tier", rl.tier.as_str());
+            request_span.record("levee.ratelimit.scope", rl.scope);
+        } else if error.downcast_ref::<LimiterUnavailable>().is_some() {
+            request_span.record(
+                "levee.ratelimit.decision",
+                RateLimitDecision::FailClosed.as_str(),
+            );
+        } else {
+            request_span.record("levee.ratelimit.decision", "refused");
+        }
+    }
+
+    /// Records an admission on the request's span.
+    fn record_admission(request_span: &tracing::Span, headers: &HeaderMap) {
+        let degraded = headers.contains_key(X_DEGRADED);
+        request_span.record(
+            "levee.ratelimit.decision",
+            if degraded {
+                RateLimitDecision::FailOpen.as_str()
+            } else {
+                RateLimitDecision::Allowed.as_str()
+            },
+        );
+        if let Some(tier) = headers
+            .get("x-ratelimit-tier")
+            .and_then(|v| v.to_str().ok())
+        {
+            request_span.record("levee.ratelimit.tier", tier);
+        }
+    }
+
+    fn record_tenant(&self, identity: &Identity, decision: RateLimitDecision) {
+        if let (Some(m), Some(key)) = (&self.metrics, &identity.key) {
+            m.record_tenant_decision(&key.tenant, decision);
+        }
     }
 
     fn rejected(applied: &[Applied], decision: &Decision) -> RateLimited {
@@ -184,7 +332,27 @@ impl Limiter {
     }
 
     /// Admits or refuses one request; consumes quota only when admitted.
+    /// Runs in a `ratelimit` span and records the outcome on the caller's
+    /// span too.
     pub async fn admit(
+        &self,
+        peer: Option<SocketAddr>,
+        req_headers: &HeaderMap,
+        path: &str,
+    ) -> Result<Admission, Rejection> {
+        let request_span = tracing::Span::current();
+        let result = self
+            .admit_inner(peer, req_headers, path)
+            .instrument(Self::span("ratelimit.check"))
+            .await;
+        match &result {
+            Ok(admission) => Self::record_admission(&request_span, &admission.headers),
+            Err(rejection) => Self::record_refusal(&request_span, rejection.error.as_ref()),
+        }
+        result
+    }
+
+    async fn admit_inner(
         &self,
         peer: Option<SocketAddr>,
         req_headers: &HeaderMap,
@@ -215,8 +383,22 @@ impl Limiter {
                 headers: HeaderMap::new(),
             });
         }
-        let checked = self.check(&applied).await?;
+        let checked = match self.check(&applied).await {
+            Ok(c) => c,
+            Err(rejection) => {
+                self.record_tenant(&identity, RateLimitDecision::FailClosed);
+                return Err(rejection);
+            }
+        };
         let headers = checked.headers(&applied);
+        self.record_tenant(
+            &identity,
+            match (checked.decision.allowed, checked.degraded) {
+                (false, _) => RateLimitDecision::Limited,
+                (true, true) => RateLimitDecision::FailOpen,
+                (true, false) => RateLimitDecision::Allowed,
+            },
+        );
         if checked.decision.allowed {
             Ok(Admission { identity, headers })
         } else {
@@ -256,6 +438,22 @@ impl Limiter {
         identity: &Identity,
         estimate: u64,
     ) -> Result<Option<TokenReservation>, Rejection> {
+        let request_span = tracing::Span::current();
+        let result = self
+            .reserve_tokens_inner(identity, estimate)
+            .instrument(Self::span("ratelimit.tokens"))
+            .await;
+        if let Err(rejection) = &result {
+            Self::record_refusal(&request_span, rejection.error.as_ref());
+        }
+        result
+    }
+
+    async fn reserve_tokens_inner(
+        &self,
+        identity: &Identity,
+        estimate: u64,
+    ) -> Result<Option<TokenReservation>, Rejection> {
         let Some(mut budget) = self.policy.token_budget(identity) else {
             return Ok(None);
         };
@@ -288,7 +486,12 @@ impl Limiter {
         if delta == 0 {
             return;
         }
-        if let Err(e) = self.store.adjust(&reservation.spec, delta).await {
+        let start = Instant::now();
+        let result = self.store.adjust(&reservation.spec, delta).await;
+        if let Some(m) = &self.metrics {
+            m.observe_store(self.store.kind(), start.elapsed(), result.is_ok());
+        }
+        if let Err(e) = result {
             tracing::warn!(error = %e, delta, "could not settle token reservation");
         }
     }

@@ -36,6 +36,15 @@ pub enum UpstreamErrorKind {
     /// The answer could not be understood.
     #[error("bad response: {0}")]
     Protocol(String),
+    /// Not called: the dependency's circuit breaker is open.
+    #[error("circuit open")]
+    Unavailable {
+        /// Time until the breaker admits its next probe.
+        retry_after: Duration,
+    },
+    /// Not called: the dependency's bulkhead is full.
+    #[error("too many calls in flight")]
+    Busy,
 }
 
 impl UpstreamError {
@@ -57,6 +66,38 @@ impl UpstreamError {
             UpstreamErrorKind::Connect
         };
         Self::new(dependency, kind)
+    }
+
+    /// Turns whatever a resilience stack returned back into an upstream
+    /// error: the client's own error as it was, breaker and bulkhead
+    /// refusals as `Unavailable` / `Busy`, attempt timeouts and deadlines
+    /// as `Timeout`.
+    pub fn from_stack(dependency: Dependency, err: crate::resilience::BoxError) -> Self {
+        use crate::resilience::{BulkheadFull, CircuitOpen, DeadlineExceeded, Elapsed};
+        let err = match err.downcast::<Self>() {
+            Ok(e) => return *e,
+            Err(e) => e,
+        };
+        let kind = if let Some(open) = err.downcast_ref::<CircuitOpen>() {
+            UpstreamErrorKind::Unavailable {
+                retry_after: open.retry_after,
+            }
+        } else if err.is::<BulkheadFull>() {
+            UpstreamErrorKind::Busy
+        } else if err.is::<Elapsed>() || err.is::<DeadlineExceeded>() {
+            UpstreamErrorKind::Timeout
+        } else {
+            UpstreamErrorKind::Protocol(err.to_string())
+        };
+        Self::new(dependency, kind)
+    }
+
+    /// Whether the call was refused without reaching the dependency.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self.kind,
+            UpstreamErrorKind::Unavailable { .. } | UpstreamErrorKind::Busy
+        )
     }
 
     /// Whether this was a timeout (mapped to 504 rather than 502).

@@ -7,15 +7,23 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::{
     Answer, Completion, Dependency, Embedder, Llm, Role, UpstreamError, UpstreamErrorKind, Usage,
 };
 use crate::config::LlmConfig;
+use crate::telemetry::client::{self, ServerAddr};
+use crate::telemetry::{propagation, Metrics};
 
 const SYSTEM_PROMPT: &str = "You are Acme Corp's internal assistant. Answer the user's question \
 using only the context passages below and the conversation so far. If the context does not \
 contain the answer, say that you don't know.";
+
+/// Whole-call cap of the HTTP client itself; real bounds come from the
+/// dependency's resilience policy.
+const CLIENT_BACKSTOP_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Client for one OpenAI-compatible base URL (e.g. `http://host/v1`).
 #[derive(Clone)]
@@ -26,6 +34,9 @@ pub struct OpenAiClient {
     embedding_model: String,
     max_tokens: u32,
     api_key: Option<String>,
+    /// Host and port for span attributes (never the key or userinfo).
+    server: ServerAddr,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -91,7 +102,9 @@ impl OpenAiClient {
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
-            .timeout(config.timeout)
+            // A backstop only: the resilience stack's attempt timeout and
+            // deadline bound each call (see `with_timeout`).
+            .timeout(CLIENT_BACKSTOP_TIMEOUT)
             .build()?;
         Ok(Self {
             http,
@@ -100,7 +113,16 @@ impl OpenAiClient {
             embedding_model: config.embedding_model.clone(),
             max_tokens: config.max_tokens,
             api_key: vars(&config.api_key_env).filter(|k| !k.is_empty()),
+            server: ServerAddr::from_url(base_url),
+            metrics: None,
         })
+    }
+
+    /// Records each call's latency into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Overrides the whole-call timeout (the vector store's embedding calls
@@ -117,7 +139,28 @@ impl OpenAiClient {
         Ok(self)
     }
 
+    /// One call inside its CLIENT `span`: timed, traced, and carrying the
+    /// trace context to the upstream.
     async fn post<T: for<'de> Deserialize<'de>>(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        span: &tracing::Span,
+    ) -> Result<T, UpstreamError> {
+        let start = Instant::now();
+        let result = self.send(path, body).instrument(span.clone()).await;
+        span.in_scope(|| {
+            client::finish(
+                self.metrics.as_ref(),
+                Dependency::Llm,
+                start.elapsed(),
+                &result,
+            );
+        });
+        result
+    }
+
+    async fn send<T: for<'de> Deserialize<'de>>(
         &self,
         path: &str,
         body: &serde_json::Value,
@@ -126,11 +169,15 @@ impl OpenAiClient {
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
+        let mut trace_headers = reqwest::header::HeaderMap::new();
+        propagation::inject_current(&mut trace_headers);
         let resp = req
+            .headers(trace_headers)
             .send()
             .await
             .map_err(|e| UpstreamError::from_reqwest(Dependency::Llm, &e))?;
         let status = resp.status();
+        tracing::Span::current().record("http.response.status_code", client::int(status.as_u16()));
         if !status.is_success() {
             return Err(UpstreamError::new(
                 Dependency::Llm,
@@ -198,7 +245,8 @@ impl Llm for OpenAiClient {
             "max_tokens": self.max_tokens,
             "stream": false,
         });
-        let resp: ChatResponse = self.post("/chat/completions", &body).await?;
+        let span = client::llm_span("chat", &self.model, &self.server);
+        let resp: ChatResponse = self.post("/chat/completions", &body, &span).await?;
         let text = resp
             .choices
             .into_iter()
@@ -217,6 +265,14 @@ impl Llm for OpenAiClient {
                 completion_tokens: u.completion_tokens,
             })
             .unwrap_or_default();
+        span.record(
+            "gen_ai.usage.input_tokens",
+            client::int(usage.prompt_tokens),
+        );
+        span.record(
+            "gen_ai.usage.output_tokens",
+            client::int(usage.completion_tokens),
+        );
         Ok(Answer { text, usage })
     }
 }
@@ -225,7 +281,8 @@ impl Llm for OpenAiClient {
 impl Embedder for OpenAiClient {
     async fn embed(&self, text: &str) -> Result<Vec<f32>, UpstreamError> {
         let body = json!({ "model": self.embedding_model, "input": text });
-        let resp: EmbeddingResponse = self.post("/embeddings", &body).await?;
+        let span = client::llm_span("embeddings", &self.embedding_model, &self.server);
+        let resp: EmbeddingResponse = self.post("/embeddings", &body, &span).await?;
         resp.data
             .into_iter()
             .next()

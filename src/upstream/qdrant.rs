@@ -7,9 +7,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::openai::retry_after;
 use super::{Dependency, Embedder, Passage, UpstreamError, UpstreamErrorKind, VectorStore};
+use crate::telemetry::client::{self, ServerAddr};
+use crate::telemetry::{propagation, Metrics};
 
 /// Client for one Qdrant collection.
 #[derive(Clone)]
@@ -18,6 +22,10 @@ pub struct QdrantClient {
     search_url: String,
     text_field: String,
     embedder: Arc<dyn Embedder>,
+    /// Collection, host and port for span attributes.
+    collection: String,
+    server: ServerAddr,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for QdrantClient {
@@ -63,32 +71,65 @@ impl QdrantClient {
             ),
             text_field: text_field.to_owned(),
             embedder,
+            collection: collection.to_owned(),
+            server: ServerAddr::from_url(base_url),
+            metrics: None,
         })
     }
-}
 
-fn payload_str(payload: &serde_json::Map<String, Value>, key: &str) -> Option<String> {
-    payload.get(key).and_then(Value::as_str).map(str::to_owned)
-}
-
-#[async_trait]
-impl VectorStore for QdrantClient {
-    fn kind(&self) -> &'static str {
-        "qdrant"
+    /// Records each search's latency into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
-    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError> {
-        let vector = self.embedder.embed(query).await?;
+    /// The points search inside its CLIENT span, timed, carrying the trace
+    /// context.
+    async fn search_points(
+        &self,
+        vector: Vec<f32>,
+        top_k: usize,
+    ) -> Result<Vec<Passage>, UpstreamError> {
+        let span = client::vector_span(&self.collection, &self.server);
+        let start = Instant::now();
+        let result = self
+            .search_points_inner(vector, top_k)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| {
+            if let Ok(found) = &result {
+                span.record("levee.vector.results", client::int(found.len()));
+            }
+            client::finish(
+                self.metrics.as_ref(),
+                Dependency::VectorStore,
+                start.elapsed(),
+                &result,
+            );
+        });
+        result
+    }
+
+    async fn search_points_inner(
+        &self,
+        vector: Vec<f32>,
+        top_k: usize,
+    ) -> Result<Vec<Passage>, UpstreamError> {
         let body = json!({ "vector": vector, "limit": top_k, "with_payload": true });
         let err = |e: reqwest::Error| UpstreamError::from_reqwest(Dependency::VectorStore, &e);
+        let mut trace_headers = reqwest::header::HeaderMap::new();
+        propagation::inject_current(&mut trace_headers);
         let resp = self
             .http
             .post(&self.search_url)
+            .headers(trace_headers)
             .json(&body)
             .send()
             .await
             .map_err(err)?;
         let status = resp.status();
+        tracing::Span::current().record("http.response.status_code", client::int(status.as_u16()));
         if !status.is_success() {
             return Err(UpstreamError::new(
                 Dependency::VectorStore,
@@ -99,7 +140,11 @@ impl VectorStore for QdrantClient {
             ));
         }
         let parsed: SearchResponse = resp.json().await.map_err(err)?;
-        Ok(parsed
+        Ok(self.passages(parsed))
+    }
+
+    fn passages(&self, parsed: SearchResponse) -> Vec<Passage> {
+        parsed
             .result
             .into_iter()
             .filter_map(|point| {
@@ -117,6 +162,22 @@ impl VectorStore for QdrantClient {
                     score: point.score,
                 })
             })
-            .collect())
+            .collect()
+    }
+}
+
+fn payload_str(payload: &serde_json::Map<String, Value>, key: &str) -> Option<String> {
+    payload.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+#[async_trait]
+impl VectorStore for QdrantClient {
+    fn kind(&self) -> &'static str {
+        "qdrant"
+    }
+
+    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError> {
+        let vector = self.embedder.embed(query).await?;
+        self.search_points(vector, top_k).await
     }
 }

@@ -1,6 +1,9 @@
 //! Shared helpers for integration tests: real processes (redis-server, the
-//! levee binary) on free loopback ports, killed by PID when dropped.
+//! levee binary, prometheus) on free loopback ports, killed by PID when
+//! dropped; an in-process OTLP trace receiver.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod levee;
+pub mod otlp;
+pub mod prometheus;
 pub mod redis;

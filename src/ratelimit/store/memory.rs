@@ -48,7 +48,9 @@ struct Slot {
 #[derive(Debug, Clone)]
 enum State {
     /// Runs of `(timestamp µs, units)`, oldest first.
-    Log(VecDeque<(u64, u64)>),
+    /// Runs of `(timestamp µs, units)`, oldest first, and their total
+    /// (kept so a check is O(1), not O(runs)).
+    Log(VecDeque<(u64, u64)>, u64),
     /// Sliding window: the current window's start and both counts.
     Window { start: u64, prev: u64, cur: u64 },
     /// GCRA theoretical arrival time (µs).
@@ -216,7 +218,7 @@ impl MemoryCore {
 impl State {
     fn fresh(algorithm: Algorithm) -> Self {
         match algorithm {
-            Algorithm::SlidingLog => Self::Log(VecDeque::new()),
+            Algorithm::SlidingLog => Self::Log(VecDeque::new(), 0),
             Algorithm::SlidingWindow => Self::Window {
                 start: 0,
                 prev: 0,
@@ -229,7 +231,7 @@ impl State {
 
     fn algorithm(&self) -> Algorithm {
         match self {
-            Self::Log(_) => Algorithm::SlidingLog,
+            Self::Log(..) => Algorithm::SlidingLog,
             Self::Window { .. } => Algorithm::SlidingWindow,
             Self::Gcra { .. } => Algorithm::Gcra,
             Self::Fixed { .. } => Algorithm::FixedWindow,
@@ -241,14 +243,15 @@ impl State {
     fn rolled(self, p: &Params, now: u64) -> Self {
         let start_now = now - now % p.window;
         match self {
-            Self::Log(mut runs) => {
-                while runs
-                    .front()
-                    .is_some_and(|&(ts, _)| ts.saturating_add(p.window) <= now)
-                {
+            Self::Log(mut runs, mut total) => {
+                while let Some(&(ts, units)) = runs.front() {
+                    if ts.saturating_add(p.window) > now {
+                        break;
+                    }
+                    total -= units;
                     runs.pop_front();
                 }
-                Self::Log(runs)
+                Self::Log(runs, total)
             }
             Self::Window { start, cur, .. }
                 if start != start_now && start.saturating_add(p.window) == start_now =>
@@ -279,8 +282,7 @@ impl State {
             return (false, p.window);
         }
         match *self {
-            Self::Log(ref runs) => {
-                let n: u64 = runs.iter().map(|&(_, units)| units).sum();
+            Self::Log(ref runs, n) => {
                 if n + p.cost <= p.limit {
                     return (true, 0);
                 }
@@ -319,10 +321,13 @@ impl State {
     /// Phase two (or a forced charge): takes `units`.
     fn consume(&mut self, p: &Params, now: u64, units: u64) {
         match self {
-            Self::Log(runs) => match runs.back_mut() {
-                Some((ts, n)) if *ts == now => *n = n.saturating_add(units),
-                _ => runs.push_back((now, units)),
-            },
+            Self::Log(runs, total) => {
+                *total = total.saturating_add(units);
+                match runs.back_mut() {
+                    Some((ts, n)) if *ts == now => *n = n.saturating_add(units),
+                    _ => runs.push_back((now, units)),
+                }
+            }
             Self::Window { cur, .. } | Self::Fixed { cur, .. } => *cur = cur.saturating_add(units),
             Self::Gcra { tat } => {
                 *tat = (*tat)
@@ -335,11 +340,12 @@ impl State {
     /// Gives back `units` (newest first for the log), never below empty.
     fn refund(&mut self, p: &Params, now: u64, mut units: u64) {
         match self {
-            Self::Log(runs) => {
+            Self::Log(runs, total) => {
                 while units > 0 {
                     let Some((_, n)) = runs.back_mut() else { break };
                     let taken = units.min(*n);
                     *n -= taken;
+                    *total -= taken;
                     units -= taken;
                     if *n == 0 {
                         runs.pop_back();
@@ -358,8 +364,7 @@ impl State {
     /// `(remaining, reset_after µs)` of the state as it is now.
     fn report(&self, p: &Params, now: u64) -> (u64, u64) {
         match *self {
-            Self::Log(ref runs) => {
-                let n: u64 = runs.iter().map(|&(_, units)| units).sum();
+            Self::Log(ref runs, n) => {
                 let reset = runs.front().map_or(0, |&(ts, _)| ts + p.window - now);
                 (p.limit.saturating_sub(n), reset)
             }
@@ -390,7 +395,7 @@ impl State {
     /// When the state becomes logically empty; `None` if it already is.
     fn expires_at(&self, p: &Params, now: u64) -> Option<u64> {
         match *self {
-            Self::Log(ref runs) => runs.back().map(|&(ts, _)| ts.saturating_add(p.window)),
+            Self::Log(ref runs, _) => runs.back().map(|&(ts, _)| ts.saturating_add(p.window)),
             Self::Window { start, prev, cur } => {
                 (prev > 0 || cur > 0).then(|| start.saturating_add(p.window.saturating_mul(2)))
             }

@@ -1,0 +1,348 @@
+//! Dependencies behind their resilience stacks: each wrapper turns trait
+//! calls into owned requests, runs them through the dependency's
+//! [`DependencyStack`] (deadline → retry → breaker → bulkhead → attempt
+//! timeout) and turns the result back into the trait's error, so the
+//! pipeline and the limiter never know a stack is there.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tower::util::BoxCloneService;
+use tower::ServiceExt;
+
+use super::{
+    Answer, Completion, Dependency, Llm, Passage, Turn, UpstreamError, UpstreamErrorKind,
+    VectorStore,
+};
+use crate::rag::{ConversationStore, ThreadKey};
+use crate::ratelimit::store::{Decision, LimitSpec, LimitStore, StoreUnavailable};
+use crate::resilience::{BoxError, DependencyStack, Elapsed, Retryable};
+
+/// A boxed service shared by a wrapper's callers. `BoxCloneService` is not
+/// `Sync`, so the shared copy sits behind a mutex that is held only to
+/// clone it.
+struct Shared<Req, Resp>(Mutex<BoxCloneService<Req, Resp, BoxError>>);
+
+impl<Req, Resp> Shared<Req, Resp> {
+    fn new(svc: BoxCloneService<Req, Resp, BoxError>) -> Self {
+        Self(Mutex::new(svc))
+    }
+
+    async fn call(&self, req: Req) -> Result<Resp, BoxError> {
+        let svc = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        svc.oneshot(req).await
+    }
+}
+
+/// One completion, owned so that retries can resend it.
+#[derive(Debug, Clone)]
+pub struct CompletionCall {
+    question: String,
+    passages: Vec<Passage>,
+    history: Vec<Turn>,
+}
+
+impl Retryable for CompletionCall {
+    // A non-streamed completion has no side effects and nothing has been
+    // passed on to the client before it completes.
+    fn retry_safe(&self) -> bool {
+        true
+    }
+}
+
+/// The LLM behind its stack.
+pub struct GuardedLlm {
+    kind: &'static str,
+    svc: Shared<CompletionCall, Answer>,
+}
+
+impl GuardedLlm {
+    /// Wraps `inner` in `stack`.
+    pub fn new(inner: Arc<dyn Llm>, stack: &DependencyStack) -> Self {
+        let kind = inner.kind();
+        let client = tower::service_fn(move |call: CompletionCall| {
+            let inner = inner.clone();
+            async move {
+                let request = Completion {
+                    question: &call.question,
+                    passages: &call.passages,
+                    history: &call.history,
+                };
+                inner.complete(request).await.map_err(BoxError::from)
+            }
+        });
+        Self {
+            kind,
+            svc: Shared::new(stack.wrap(client)),
+        }
+    }
+}
+
+#[async_trait]
+impl Llm for GuardedLlm {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError> {
+        let call = CompletionCall {
+            question: request.question.to_owned(),
+            passages: request.passages.to_vec(),
+            history: request.history.to_vec(),
+        };
+        self.svc
+            .call(call)
+            .await
+            .map_err(|e| UpstreamError::from_stack(Dependency::Llm, e))
+    }
+}
+
+/// A primary LLM with a secondary endpoint used when the primary fails or
+/// its breaker is open.
+pub struct FallbackLlm {
+    primary: Arc<dyn Llm>,
+    secondary: Arc<dyn Llm>,
+}
+
+impl FallbackLlm {
+    /// Tries `primary`, then `secondary`.
+    pub fn new(primary: Arc<dyn Llm>, secondary: Arc<dyn Llm>) -> Self {
+        Self { primary, secondary }
+    }
+}
+
+#[async_trait]
+impl Llm for FallbackLlm {
+    fn kind(&self) -> &'static str {
+        self.primary.kind()
+    }
+
+    async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError> {
+        match self.primary.complete(request).await {
+            Ok(answer) => Ok(answer),
+            Err(e) => {
+                tracing::warn!(error = %e, "primary LLM failed; using the secondary");
+                self.secondary.complete(request).await
+            }
+        }
+    }
+}
+
+/// One search, owned.
+#[derive(Debug, Clone)]
+pub struct SearchCall {
+    query: String,
+    top_k: usize,
+}
+
+impl Retryable for SearchCall {
+    fn retry_safe(&self) -> bool {
+        true
+    }
+}
+
+/// The vector store behind its stack.
+pub struct GuardedVectorStore {
+    kind: &'static str,
+    svc: Shared<SearchCall, Vec<Passage>>,
+}
+
+impl GuardedVectorStore {
+    /// Wraps `inner` in `stack`.
+    pub fn new(inner: Arc<dyn VectorStore>, stack: &DependencyStack) -> Self {
+        let kind = inner.kind();
+        let client = tower::service_fn(move |call: SearchCall| {
+            let inner = inner.clone();
+            async move {
+                inner
+                    .search(&call.query, call.top_k)
+                    .await
+                    .map_err(BoxError::from)
+            }
+        });
+        Self {
+            kind,
+            svc: Shared::new(stack.wrap(client)),
+        }
+    }
+}
+
+#[async_trait]
+impl VectorStore for GuardedVectorStore {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError> {
+        let call = SearchCall {
+            query: query.to_owned(),
+            top_k,
+        };
+        self.svc
+            .call(call)
+            .await
+            .map_err(|e| UpstreamError::from_stack(Dependency::VectorStore, e))
+    }
+}
+
+/// A conversation-memory operation.
+#[derive(Debug, Clone)]
+pub enum MemoryCall {
+    /// Read a thread.
+    Load(ThreadKey),
+    /// Append to a thread (not idempotent: never retried).
+    Append(ThreadKey, Vec<Turn>),
+}
+
+impl Retryable for MemoryCall {
+    fn retry_safe(&self) -> bool {
+        matches!(self, Self::Load(_))
+    }
+}
+
+/// Conversation memory behind the Redis stack (sharing its breaker with
+/// the limiter store, so a dead Redis is skipped at once by both).
+pub struct GuardedMemory {
+    kind: &'static str,
+    svc: Shared<MemoryCall, Vec<Turn>>,
+}
+
+impl GuardedMemory {
+    /// Wraps `inner` in `stack`.
+    pub fn new(inner: Arc<dyn ConversationStore>, stack: &DependencyStack) -> Self {
+        let kind = inner.kind();
+        let client = tower::service_fn(move |call: MemoryCall| {
+            let inner = inner.clone();
+            async move {
+                match call {
+                    MemoryCall::Load(key) => inner.load(&key).await,
+                    MemoryCall::Append(key, turns) => {
+                        inner.append(&key, &turns).await.map(|()| Vec::new())
+                    }
+                }
+                .map_err(BoxError::from)
+            }
+        });
+        Self {
+            kind,
+            svc: Shared::new(stack.wrap(client)),
+        }
+    }
+}
+
+#[async_trait]
+impl ConversationStore for GuardedMemory {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    async fn load(&self, key: &ThreadKey) -> Result<Vec<Turn>, UpstreamError> {
+        self.svc
+            .call(MemoryCall::Load(key.clone()))
+            .await
+            .map_err(|e| UpstreamError::from_stack(Dependency::Redis, e))
+    }
+
+    async fn append(&self, key: &ThreadKey, turns: &[Turn]) -> Result<(), UpstreamError> {
+        self.svc
+            .call(MemoryCall::Append(key.clone(), turns.to_vec()))
+            .await
+            .map(|_| ())
+            .map_err(|e| UpstreamError::from_stack(Dependency::Redis, e))
+    }
+}
+
+/// A limit-store operation. Checks consume quota: never retried.
+#[derive(Debug, Clone)]
+pub enum LimitCall {
+    /// Check and consume.
+    Check(Vec<LimitSpec>, String),
+    /// Charge or refund.
+    Adjust(LimitSpec, i64),
+}
+
+impl Retryable for LimitCall {
+    fn retry_safe(&self) -> bool {
+        false
+    }
+}
+
+/// The limit store behind the Redis stack: once its breaker is open, a
+/// check fails in microseconds instead of waiting out a Redis timeout, and
+/// the limiter applies the tier's fail-open / fail-closed policy.
+pub struct GuardedLimitStore {
+    kind: &'static str,
+    svc: Shared<LimitCall, Option<Decision>>,
+}
+
+impl GuardedLimitStore {
+    /// Wraps `inner` in `stack`.
+    pub fn new(inner: Arc<dyn LimitStore>, stack: &DependencyStack) -> Self {
+        let kind = inner.kind();
+        let client = tower::service_fn(move |call: LimitCall| {
+            let inner = inner.clone();
+            async move {
+                match call {
+                    LimitCall::Check(specs, id) => inner.check(&specs, &id).await.map(Some),
+                    LimitCall::Adjust(spec, delta) => {
+                        inner.adjust(&spec, delta).await.map(|()| None)
+                    }
+                }
+                .map_err(BoxError::from)
+            }
+        });
+        Self {
+            kind,
+            svc: Shared::new(stack.wrap(client)),
+        }
+    }
+
+    fn unavailable(err: &BoxError) -> StoreUnavailable {
+        if let Some(e) = err.downcast_ref::<StoreUnavailable>() {
+            return StoreUnavailable {
+                reason: e.reason.clone(),
+                timeout: e.timeout,
+            };
+        }
+        let up = err.downcast_ref::<UpstreamError>();
+        StoreUnavailable {
+            reason: err.to_string(),
+            timeout: err.is::<Elapsed>()
+                || up.is_some_and(|u| matches!(u.kind, UpstreamErrorKind::Timeout)),
+        }
+    }
+}
+
+#[async_trait]
+impl LimitStore for GuardedLimitStore {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    async fn check(
+        &self,
+        limits: &[LimitSpec],
+        request_id: &str,
+    ) -> Result<Decision, StoreUnavailable> {
+        match self
+            .svc
+            .call(LimitCall::Check(limits.to_vec(), request_id.to_owned()))
+            .await
+        {
+            Ok(Some(decision)) => Ok(decision),
+            Ok(None) => Err(StoreUnavailable {
+                reason: "store answered a check with nothing".to_owned(),
+                timeout: false,
+            }),
+            Err(e) => Err(Self::unavailable(&e)),
+        }
+    }
+
+    async fn adjust(&self, limit: &LimitSpec, delta: i64) -> Result<(), StoreUnavailable> {
+        self.svc
+            .call(LimitCall::Adjust(limit.clone(), delta))
+            .await
+            .map(|_| ())
+            .map_err(|e| Self::unavailable(&e))
+    }
+}
