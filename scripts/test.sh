@@ -5,13 +5,18 @@
 #   ./scripts/test.sh ratelimit  extra arguments go to `cargo test`
 #
 # Needs: the Rust toolchain. Installs (Debian/Ubuntu, apt-get) if missing:
-# redis-server (integration and chaos tests start their own on free ports).
+# redis-server (integration and chaos tests start their own on free ports),
+# prometheus + promtool (the telemetry tests run their own Prometheus on a
+# free port and check every shipped Prometheus config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  need+=(prometheus)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing missing test dependencies: ${need[*]}" >&2

@@ -56,6 +56,8 @@ async fn handle(
     if let Some(key) = identity.and_then(|i| i.key.as_ref()) {
         request.tenant_id = Some(key.tenant.clone());
     }
+    // Fail fast before reserving tokens for an LLM that will not be called.
+    state.pipeline.synthesizer().available()?;
     let reservation = match (&state.limiter, identity) {
         (Some(limiter), Some(identity)) => {
             let estimate = estimate_tokens(&request.message, state.llm_max_tokens);

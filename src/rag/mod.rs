@@ -239,6 +239,9 @@ impl Pipeline {
             user: req.user_id.clone(),
             thread: req.thread_id.clone(),
         };
+        // Fail fast: if the LLM's breaker is open, spend nothing on memory
+        // or retrieval for an answer that cannot be synthesized.
+        self.synthesizer.available()?;
         let mut degraded = false;
         // Memory is a convenience: without it the question is still answered.
         let history = match self.observe(Dependency::Redis, self.memory.load(&key).await) {

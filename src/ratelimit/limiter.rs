@@ -160,7 +160,13 @@ impl Limiter {
             }
             Err(e) => e,
         };
-        tracing::warn!(error = %err, "rate-limit store unavailable");
+        // A refusal by the store's open breaker is the steady state of an
+        // outage: logging each one would flood the log on every request.
+        if err.reason.contains("circuit open") {
+            tracing::debug!(error = %err, "rate-limit store unavailable");
+        } else {
+            tracing::warn!(error = %err, "rate-limit store unavailable");
+        }
         if applied
             .iter()
             .any(|a| a.on_store_failure == FailureMode::FailClosed)

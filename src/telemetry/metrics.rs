@@ -353,25 +353,34 @@ impl Metrics {
     /// closed), so rates work from the first event and dashboards show the
     /// dependencies before anything happened to them.
     fn initialise(&self) {
-        let m = &self.inner;
         for dep in DEPENDENCIES.map(Dependency::as_str) {
-            self.set_breaker_state(dep, StateKind::Closed);
-            for outcome in OUTCOMES {
-                m.breaker_calls.with_label_values(&[dep, outcome.as_str()]);
-            }
-            for (from, to) in [
-                (StateKind::Closed, StateKind::Open),
-                (StateKind::Open, StateKind::HalfOpen),
-                (StateKind::HalfOpen, StateKind::Closed),
-                (StateKind::HalfOpen, StateKind::Open),
-            ] {
-                m.breaker_transitions
-                    .with_label_values(&[dep, from.as_str(), to.as_str()]);
-            }
-            m.bulkhead_rejections.with_label_values(&[dep]);
-            m.retries.with_label_values(&[dep]);
-            m.retry_budget_exhausted.with_label_values(&[dep]);
+            self.register_dependency(dep);
         }
+    }
+
+    /// Creates a dependency's resilience series at zero with its breaker
+    /// `closed`. Done at startup for `llm`, `vector_store` and `redis`; call
+    /// it for any other dependency a breaker protects (before its first
+    /// transition).
+    pub fn register_dependency(&self, dependency: &str) {
+        let m = &self.inner;
+        self.set_breaker_state(dependency, StateKind::Closed);
+        for outcome in OUTCOMES {
+            m.breaker_calls
+                .with_label_values(&[dependency, outcome.as_str()]);
+        }
+        for (from, to) in [
+            (StateKind::Closed, StateKind::Open),
+            (StateKind::Open, StateKind::HalfOpen),
+            (StateKind::HalfOpen, StateKind::Closed),
+            (StateKind::HalfOpen, StateKind::Open),
+        ] {
+            m.breaker_transitions
+                .with_label_values(&[dependency, from.as_str(), to.as_str()]);
+        }
+        m.bulkhead_rejections.with_label_values(&[dependency]);
+        m.retries.with_label_values(&[dependency]);
+        m.retry_budget_exhausted.with_label_values(&[dependency]);
     }
 
     /// The registry, for tests and custom exporters.

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::rag::{ConversationStore, ThreadKey};
 use crate::ratelimit::store::{Decision, LimitSpec, LimitStore, StoreUnavailable};
-use crate::resilience::{BoxError, DependencyStack, Elapsed, Retryable};
+use crate::resilience::{BoxError, Breaker, BreakerState, DependencyStack, Elapsed, Retryable};
 
 /// A boxed service shared by a wrapper's callers. `BoxCloneService` is not
 /// `Sync`, so the shared copy sits behind a mutex that is held only to
@@ -54,6 +54,7 @@ impl Retryable for CompletionCall {
 pub struct GuardedLlm {
     kind: &'static str,
     svc: Shared<CompletionCall, Answer>,
+    breaker: Option<Breaker>,
 }
 
 impl GuardedLlm {
@@ -74,6 +75,7 @@ impl GuardedLlm {
         Self {
             kind,
             svc: Shared::new(stack.wrap(client)),
+            breaker: stack.breaker().cloned(),
         }
     }
 }
@@ -82,6 +84,29 @@ impl GuardedLlm {
 impl Llm for GuardedLlm {
     fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    fn available(&self) -> Result<(), UpstreamError> {
+        let Some(breaker) = &self.breaker else {
+            return Ok(());
+        };
+        if !matches!(
+            breaker.state(),
+            BreakerState::Open { .. } | BreakerState::ForcedOpen
+        ) {
+            return Ok(());
+        }
+        // Ask the gate itself for the refusal (and its Retry-After); a
+        // permit granted in the meantime is dropped unused, which frees it.
+        match breaker.permit() {
+            Ok(_unused) => Ok(()),
+            Err(open) => Err(UpstreamError::new(
+                Dependency::Llm,
+                UpstreamErrorKind::Unavailable {
+                    retry_after: open.retry_after,
+                },
+            )),
+        }
     }
 
     async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError> {
@@ -115,6 +140,12 @@ impl FallbackLlm {
 impl Llm for FallbackLlm {
     fn kind(&self) -> &'static str {
         self.primary.kind()
+    }
+
+    fn available(&self) -> Result<(), UpstreamError> {
+        self.primary
+            .available()
+            .or_else(|_| self.secondary.available())
     }
 
     async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError> {

@@ -132,6 +132,13 @@ pub trait Llm: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     /// Produces an answer.
     async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError>;
+
+    /// Whether a call would be refused outright (an open breaker), checked
+    /// before any other work so a request the LLM cannot answer costs no
+    /// retrieval. Default: always available.
+    fn available(&self) -> Result<(), UpstreamError> {
+        Ok(())
+    }
 }
 
 /// Turns text into a query vector.

@@ -83,6 +83,20 @@ impl RedisServer {
             .expect("connect to test redis")
     }
 
+    /// SIGKILLs the server (ours, by PID) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a fresh server on the same port (after `kill`).
+    pub async fn restart(&mut self) {
+        let fresh = Self::start_on(self.port).await;
+        // The old child is already reaped; dropping it is a no-op kill.
+        let old = std::mem::replace(self, fresh);
+        drop(old);
+    }
+
     /// Every key currently stored.
     pub fn keys(&self) -> Vec<String> {
         redis::cmd("KEYS")
