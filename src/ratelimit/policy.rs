@@ -299,3 +299,101 @@ impl Policy {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::identity::KeyInfo;
+    use crate::ratelimit::config::RoutePolicy;
+
+    fn keyed(tenant: &str) -> Identity {
+        Identity {
+            client_ip: IpAddr::from([203, 0, 113, 9]),
+            network: NetworkClass::Public,
+            key: Some(KeyInfo {
+                id: "k1".into(),
+                tenant: tenant.into(),
+                tier: "API_KEY".into(),
+            }),
+        }
+    }
+
+    fn route(route: &str, tenant: Option<&str>, user: Option<&str>, limit: u64) -> RoutePolicy {
+        RoutePolicy {
+            route: route.into(),
+            tenant: tenant.map(Into::into),
+            user: user.map(Into::into),
+            limits: vec![LimitConfig::per(limit, Duration::from_secs(60))],
+        }
+    }
+
+    fn route_limit(applied: &[Applied]) -> Option<u64> {
+        applied
+            .iter()
+            .find(|a| a.scope == "route")
+            .map(|a| a.spec.limit)
+    }
+
+    #[test]
+    fn the_most_specific_route_policy_applies() {
+        let mut config = RateLimitConfig::default();
+        config.routes = vec![
+            route("/v1/*", None, None, 100),
+            route("/v1/chat", None, None, 50),
+            route("/v1/chat", Some("acme"), None, 20),
+            route("/v1/chat", Some("acme"), Some("alice"), 5),
+        ];
+        let policy = Policy::new(config);
+        let acme = keyed("acme");
+        assert_eq!(
+            route_limit(&policy.limits(&acme, "/v1/chat", Some("alice"))),
+            Some(5)
+        );
+        assert_eq!(
+            route_limit(&policy.limits(&acme, "/v1/chat", Some("bob"))),
+            Some(20)
+        );
+        assert_eq!(
+            route_limit(&policy.limits(&keyed("other"), "/v1/chat", None)),
+            Some(50)
+        );
+        assert_eq!(
+            route_limit(&policy.limits(&acme, "/v1/other", None)),
+            Some(100)
+        );
+        assert_eq!(route_limit(&policy.limits(&acme, "/v2/chat", None)), None);
+    }
+
+    #[test]
+    fn keyed_requests_get_key_tenant_and_user_limits_and_no_ip_limit_by_default() {
+        let mut config = RateLimitConfig::default();
+        config.tenants.insert(
+            "acme".into(),
+            crate::ratelimit::TenantConfig {
+                limits: vec![LimitConfig::per(10, Duration::from_secs(1))],
+                per_user: vec![LimitConfig::per(3, Duration::from_secs(1))],
+                tokens_per_minute: None,
+            },
+        );
+        let policy = Policy::new(config);
+        let applied = policy.limits(&keyed("acme"), "/v1/chat", Some("alice"));
+        let scopes: Vec<&str> = applied.iter().map(|a| a.scope).collect();
+        assert_eq!(scopes, vec!["key", "tenant", "user"]);
+        // Key names carry ids and hashes, never raw user ids.
+        assert!(applied.iter().all(|a| !a.spec.key.contains("alice")));
+        assert!(applied[0].spec.key.contains(":key:k1:"));
+    }
+
+    #[test]
+    fn keyed_tier_adds_a_per_ip_ceiling() {
+        let mut config = RateLimitConfig::default();
+        config.network.keyed_tier = Some("PUBLIC_IP".into());
+        let policy = Policy::new(config);
+        let applied = policy.limits(&keyed("acme"), "/v1/chat", None);
+        assert!(applied
+            .iter()
+            .any(|a| a.layer == Layer::Network && a.spec.limit == 20));
+    }
+}
