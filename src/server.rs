@@ -140,6 +140,7 @@ fn build_llm(
         return Ok(primary);
     }
     let secondary_stack = DependencyStack::new("llm_secondary", policy.clone(), observer.clone())?;
+    metrics.register_dependency("llm_secondary");
     breakers.add(&secondary_stack);
     let secondary = Arc::new(GuardedLlm::new(
         client(&config.llm.secondary_url)?,

@@ -395,6 +395,7 @@ async fn tenants_get_their_own_per_second_limits() {
         ("unlisted", 0),
     ];
     let mut results = Vec::new();
+    let started = Instant::now();
     for (key, _) in tenants {
         if key == "unlisted" {
             continue;
@@ -414,8 +415,20 @@ async fn tenants_get_their_own_per_second_limits() {
         .collect();
     // Within one second: vastralaya 20/s, surat_saree_house 10/s (their
     // per-minute quotas, 200 and 60, are not the constraint here).
-    assert_eq!(admitted[0], 20, "vastralaya {admitted:?}");
-    assert_eq!(admitted[1], 10, "surat_saree_house {admitted:?}");
+    // Each tenant gets its full per-second limit whatever the other does.
+    // A 1 s window admits the limit again for every further second the
+    // burst takes (on a loaded 2-core machine 30 requests can take longer
+    // than a second); the exact "≤ L in any window" invariant itself is
+    // proven against a reference model in tests/ratelimit_store.rs.
+    let seconds = 1 + started.elapsed().as_secs() as usize;
+    assert!(
+        (20..=20 * seconds).contains(&admitted[0]),
+        "vastralaya {admitted:?} in {seconds} s"
+    );
+    assert!(
+        (10..=10 * seconds).contains(&admitted[1]),
+        "surat_saree_house {admitted:?} in {seconds} s"
+    );
 }
 
 #[tokio::test]
