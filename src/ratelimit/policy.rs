@@ -338,14 +338,15 @@ mod tests {
 
     #[test]
     fn the_most_specific_route_policy_applies() {
-        let mut config = RateLimitConfig::default();
-        config.routes = vec![
-            route("/v1/*", None, None, 100),
-            route("/v1/chat", None, None, 50),
-            route("/v1/chat", Some("acme"), None, 20),
-            route("/v1/chat", Some("acme"), Some("alice"), 5),
-        ];
-        let policy = Policy::new(config);
+        let policy = Policy::new(RateLimitConfig {
+            routes: vec![
+                route("/v1/*", None, None, 100),
+                route("/v1/chat", None, None, 50),
+                route("/v1/chat", Some("acme"), None, 20),
+                route("/v1/chat", Some("acme"), Some("alice"), 5),
+            ],
+            ..RateLimitConfig::default()
+        });
         let acme = keyed("acme");
         assert_eq!(
             route_limit(&policy.limits(&acme, "/v1/chat", Some("alice"))),
