@@ -170,7 +170,9 @@ fn redis_benchmark(port: u16, sha: &str, limits: &[LimitSpec], ops: usize) -> Op
 
 #[tokio::main]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "quick");
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this
+    // program without it, as a quick smoke test.
+    let quick = std::env::args().any(|a| a == "quick") || !std::env::args().any(|a| a == "--bench");
     let ops = if quick { 4_000 } else { 40_000 };
     let redis = start_redis();
     let url = format!("redis://127.0.0.1:{}/", redis.1);
