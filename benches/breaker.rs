@@ -64,11 +64,10 @@ fn pct(v: &[Duration], p: f64) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let n = if std::env::args().any(|a| a == "quick") {
-        300
-    } else {
-        3000
-    };
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this
+    // program without it, as a quick smoke test.
+    let quick = std::env::args().any(|a| a == "quick") || !std::env::args().any(|a| a == "--bench");
+    let n = if quick { 300 } else { 3000 };
     let sim = sim::spawn(SimConfig::default()).await.expect("sim");
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
