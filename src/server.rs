@@ -201,9 +201,14 @@ fn redis_connection(config: &Config) -> Result<Option<ConnectionManager>, StartE
     let timeout = config.resilience.redis.attempt_timeout;
     // The manager connects lazily and reconnects by itself, so a Redis that
     // is down at start does not stop the gateway from serving.
+    // Reconnect attempts are capped at 250 ms apart (the library's default
+    // backoff grows to seconds), so exact limits resume soon after a Redis
+    // restart; the breaker, not the reconnect loop, protects requests.
     let manager_config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
-        .set_response_timeout(Some(timeout));
+        .set_response_timeout(Some(timeout))
+        .set_min_delay(Duration::from_millis(25))
+        .set_max_delay(Duration::from_millis(250));
     let conn = ConnectionManager::new_lazy_with_config(client, manager_config).map_err(invalid)?;
     Ok(Some(conn))
 }

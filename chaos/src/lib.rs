@@ -7,5 +7,9 @@
 //!   deterministically, and takes fault-injection commands over HTTP
 //!   (latency, errors, hangs, TCP resets). Tests start it in-process with
 //!   [`sim::spawn`]; chaos runs and benchmarks start the binary.
+//! - [`runner`]: the chaos suite behind `levee-chaos run`: real
+//!   `redis-server`, simulator and `levee` processes, a TCP fault proxy, an
+//!   open-loop load, scenarios with numeric assertions, JSON + SVG reports.
 
+pub mod runner;
 pub mod sim;
