@@ -63,11 +63,7 @@ async fn handle(
             let estimate = estimate_tokens(&request.message, state.llm_max_tokens);
             match limiter.reserve_tokens(identity, estimate).await {
                 Ok(r) => r.map(|r| (limiter, r)),
-                Err(rejection) => {
-                    let mut resp = ApiError::from_error(rejection.error.as_ref()).into_response();
-                    resp.headers_mut().extend(rejection.headers);
-                    return Ok(resp);
-                }
+                Err(rejection) => return Ok(rejection.into_response()),
             }
         }
         _ => None,

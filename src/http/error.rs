@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::identity::IdentityError;
-use crate::ratelimit::{LimiterUnavailable, RateLimited};
+use crate::ratelimit::{LimiterUnavailable, RateLimited, Rejection};
 use crate::upstream::{UpstreamError, UpstreamErrorKind};
 
 /// An error on its way to the client.
@@ -231,6 +231,16 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        resp
+    }
+}
+
+/// A limiter refusal leaves as its mapped error plus the rate-limit
+/// headers of the decision behind it.
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        let mut resp = ApiError::from_error(self.error.as_ref()).into_response();
+        resp.headers_mut().extend(self.headers);
         resp
     }
 }

@@ -17,7 +17,6 @@ use http::Request;
 use tower::Service;
 
 use super::limiter::Limiter;
-use crate::http::ApiError;
 
 /// The rate-limiting service.
 #[derive(Debug, Clone)]
@@ -71,11 +70,7 @@ where
                     resp.headers_mut().extend(admission.headers);
                     Ok(resp)
                 }
-                Err(rejection) => {
-                    let mut resp = ApiError::from_error(rejection.error.as_ref()).into_response();
-                    resp.headers_mut().extend(rejection.headers);
-                    Ok(resp)
-                }
+                Err(rejection) => Ok(rejection.into_response()),
             }
         })
     }
