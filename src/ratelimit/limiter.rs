@@ -162,7 +162,7 @@ impl Limiter {
         };
         // A refusal by the store's open breaker is the steady state of an
         // outage: logging each one would flood the log on every request.
-        if err.reason.contains("circuit open") {
+        if err.refused {
             tracing::debug!(error = %err, "rate-limit store unavailable");
         } else {
             tracing::warn!(error = %err, "rate-limit store unavailable");

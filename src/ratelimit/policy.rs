@@ -78,6 +78,12 @@ fn window_label(w: Duration) -> String {
     }
 }
 
+/// User ids are caller-supplied: key names carry a short digest of them,
+/// never the id itself.
+fn user_digest(user: &str) -> String {
+    crate::identity::hash_key(user)[..16].to_owned()
+}
+
 /// A route policy's specificity: tenant + user beats tenant beats route only;
 /// an exact path beats a prefix.
 fn specificity(r: &RoutePolicy) -> (u8, bool) {
@@ -209,11 +215,7 @@ impl Policy {
                     &key.tier,
                 );
                 if let Some(user) = user {
-                    let subject = format!(
-                        "{}:{}",
-                        key.tenant,
-                        crate::identity::hash_key(user).get(..16).unwrap_or("")
-                    );
+                    let subject = format!("{}:{}", key.tenant, user_digest(user));
                     self.push_all(
                         &mut out,
                         &tenant.per_user,
@@ -238,8 +240,7 @@ impl Policy {
                 route
                     .user
                     .as_deref()
-                    .map_or("*".to_owned(), |u| crate::identity::hash_key(u)[..16]
-                        .to_owned())
+                    .map_or_else(|| "*".to_owned(), user_digest)
             );
             self.push_all(
                 &mut out,

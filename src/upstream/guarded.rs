@@ -16,7 +16,9 @@ use super::{
 };
 use crate::rag::{ConversationStore, ThreadKey};
 use crate::ratelimit::store::{Decision, LimitSpec, LimitStore, StoreUnavailable};
-use crate::resilience::{BoxError, Breaker, BreakerState, DependencyStack, Elapsed, Retryable};
+use crate::resilience::{
+    BoxError, Breaker, BreakerState, BulkheadFull, CircuitOpen, DependencyStack, Elapsed, Retryable,
+};
 
 /// A boxed service shared by a wrapper's callers. `BoxCloneService` is not
 /// `Sync`, so the shared copy sits behind a mutex that is held only to
@@ -330,16 +332,14 @@ impl GuardedLimitStore {
 
     fn unavailable(err: &BoxError) -> StoreUnavailable {
         if let Some(e) = err.downcast_ref::<StoreUnavailable>() {
-            return StoreUnavailable {
-                reason: e.reason.clone(),
-                timeout: e.timeout,
-            };
+            return e.clone();
         }
         let up = err.downcast_ref::<UpstreamError>();
         StoreUnavailable {
             reason: err.to_string(),
             timeout: err.is::<Elapsed>()
                 || up.is_some_and(|u| matches!(u.kind, UpstreamErrorKind::Timeout)),
+            refused: err.is::<CircuitOpen>() || err.is::<BulkheadFull>(),
         }
     }
 }
@@ -364,6 +364,7 @@ impl LimitStore for GuardedLimitStore {
             Ok(None) => Err(StoreUnavailable {
                 reason: "store answered a check with nothing".to_owned(),
                 timeout: false,
+                refused: false,
             }),
             Err(e) => Err(Self::unavailable(&e)),
         }

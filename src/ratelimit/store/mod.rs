@@ -121,13 +121,16 @@ pub struct Decision {
 }
 
 /// The store could not answer (Redis down, timed out, script error).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("limit store unavailable: {reason}")]
 pub struct StoreUnavailable {
     /// What went wrong (never contains key names or secrets).
     pub reason: String,
     /// Whether it was a timeout.
     pub timeout: bool,
+    /// Whether the store was not even called (its breaker is open): the
+    /// steady state of an outage, not a new failure.
+    pub refused: bool,
 }
 
 /// Checks and consumes limits atomically.

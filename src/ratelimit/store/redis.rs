@@ -146,6 +146,7 @@ impl RedisStore {
                     self.timeout.as_millis()
                 ),
                 timeout: true,
+                refused: false,
             }),
         }
     }
@@ -192,6 +193,7 @@ fn decode(reply: &[i64], limits: usize) -> Result<Decision, StoreUnavailable> {
         return Err(StoreUnavailable {
             reason: format!("unexpected script reply of {} integers", reply.len()),
             timeout: false,
+            refused: false,
         });
     }
     let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -228,5 +230,6 @@ fn unavailable(err: &RedisError) -> StoreUnavailable {
     StoreUnavailable {
         reason,
         timeout: err.is_timeout(),
+        refused: false,
     }
 }
