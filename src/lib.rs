@@ -28,3 +28,4 @@ pub mod server;
 pub mod telemetry;
 pub mod text;
 pub mod upstream;
+pub mod wiring;

@@ -1,4 +1,4 @@
-//! The breaker registry and the admin API: `GET /admin/breakers` and
+//! The admin API: `GET /admin/breakers` and
 //! `POST /admin/breakers/{dependency}/{force_open|force_closed|reset}`,
 //! behind a bearer token read from the environment (`admin.token_env`).
 //! With no token configured the admin API does not exist (404).
@@ -11,30 +11,6 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::{ApiError, AppState};
-use crate::resilience::{Breaker, BreakerSnapshot, DependencyStack};
-
-/// Every breaker of this process, by dependency name.
-#[derive(Debug, Default)]
-pub struct Breakers(Vec<Breaker>);
-
-impl Breakers {
-    /// Registers a stack's breaker (no-op when its breaker is disabled).
-    pub fn add(&mut self, stack: &DependencyStack) {
-        if let Some(b) = stack.breaker() {
-            self.0.push(b.clone());
-        }
-    }
-
-    /// The breaker of `dependency`.
-    pub fn get(&self, dependency: &str) -> Option<&Breaker> {
-        self.0.iter().find(|b| b.dependency() == dependency)
-    }
-
-    /// Snapshots of every breaker.
-    pub fn snapshots(&self) -> Vec<BreakerSnapshot> {
-        self.0.iter().map(Breaker::snapshot).collect()
-    }
-}
 
 /// Compares digests, so the comparison takes the same time whatever the
 /// guess.

@@ -8,7 +8,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Failure};
 use crate::identity::Identity;
 use crate::rag::ChatRequest;
 
@@ -34,7 +34,7 @@ async fn handle(
     identity: Option<&Identity>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Failure> {
     check_content_type(headers)?;
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -53,8 +53,8 @@ async fn handle(
     let mut request = parse(&body)?;
     validate(&request, state.max_message_bytes)?;
     // A keyed caller's tenant is the key's, whatever the body claims.
-    if let Some(key) = identity.and_then(|i| i.key.as_ref()) {
-        request.tenant_id = Some(key.tenant.clone());
+    if let Some(tenant) = identity.and_then(Identity::tenant) {
+        request.tenant_id = Some(tenant.to_owned());
     }
     // Fail fast before reserving tokens for an LLM that will not be called.
     state.pipeline.synthesizer().available()?;
@@ -63,7 +63,7 @@ async fn handle(
             let estimate = estimate_tokens(&request.message, state.llm_max_tokens);
             match limiter.reserve_tokens(identity, estimate).await {
                 Ok(r) => r.map(|r| (limiter, r)),
-                Err(rejection) => return Ok(rejection.into_response()),
+                Err(rejection) => return Err(rejection.into()),
             }
         }
         _ => None,

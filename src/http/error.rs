@@ -1,7 +1,8 @@
 //! The error contract: every error is JSON with a stable code and a human
 //! message, `{"error":"…","message":"…"}`, plus `field` or `retry_after_s`
-//! where they apply. [`ApiError::from_error`] is the one place where
-//! internal errors become HTTP statuses.
+//! where they apply. [`respond`] is the one place where errors become
+//! responses: it walks the error's causes ([`ApiError::from_error`]) and
+//! adds the headers that travel with the error.
 
 use std::time::Duration;
 
@@ -9,8 +10,11 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use tower::BoxError;
+
 use crate::identity::IdentityError;
 use crate::ratelimit::{LimiterUnavailable, RateLimited, Rejection};
+use crate::resilience::{BulkheadFull, CircuitOpen, DeadlineExceeded, Elapsed};
 use crate::upstream::{UpstreamError, UpstreamErrorKind};
 
 /// An error on its way to the client.
@@ -108,55 +112,19 @@ impl ApiError {
         Self::new(status, code, message)
     }
 
-    /// Maps an internal error to its HTTP form by walking its causes. Only
-    /// known error types get specific statuses; anything else is a 500
-    /// whose details stay in the log.
+    /// Maps an error to its HTTP form by walking its causes (see
+    /// [`respond`], which also collects headers); the first cause it
+    /// recognises decides. Anything unrecognised is a 500 whose causes go to
+    /// the log, never the client, and never blamed on a dependency.
     pub fn from_error(err: &(dyn std::error::Error + 'static)) -> Self {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
         while let Some(e) = cause {
-            if let Some(api) = e.downcast_ref::<ApiError>() {
-                return api.clone();
-            }
-            if let Some(up) = e.downcast_ref::<UpstreamError>() {
-                return Self::from_upstream(up);
-            }
-            if let Some(rl) = e.downcast_ref::<RateLimited>() {
-                return Self::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    format!(
-                        "rate limit exceeded ({} {} limit of tier {})",
-                        rl.layer.as_str(),
-                        rl.scope,
-                        rl.tier
-                    ),
-                )
-                .with("layer", rl.layer.as_str())
-                .with("scope", rl.scope)
-                .with("tier", rl.tier.clone())
-                .with_retry_after(rl.retry_after);
-            }
-            if let Some(u) = e.downcast_ref::<LimiterUnavailable>() {
-                return Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "limiter_unavailable",
-                    "the rate-limit store is unavailable; try again shortly",
-                )
-                .with_retry_after(u.retry_after);
-            }
-            if let Some(id) = e.downcast_ref::<IdentityError>() {
-                return match id {
-                    IdentityError::Unidentified(_) => Self::new(
-                        StatusCode::BAD_REQUEST,
-                        "unidentified_client",
-                        id.to_string(),
-                    ),
-                    _ => Self::new(StatusCode::UNAUTHORIZED, "unauthorized", id.to_string()),
-                };
+            if let Some(api) = Self::recognise(e) {
+                return api;
             }
             cause = e.source();
         }
-        tracing::error!(error = %err, "internal error");
+        tracing::error!(error = %Chain(err), "internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal_error",
@@ -164,14 +132,118 @@ impl ApiError {
         )
     }
 
-    fn from_upstream(err: &UpstreamError) -> Self {
-        let dep = err.dependency;
-        match &err.kind {
-            UpstreamErrorKind::Timeout => Self::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "dependency_timeout",
-                format!("{dep} did not answer in time"),
+    /// The HTTP form of one error in a cause chain, if it has one of its
+    /// own; `None` to look at its source.
+    fn recognise(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        if let Some(api) = e.downcast_ref::<ApiError>() {
+            return Some(api.clone());
+        }
+        if let Some(bare) = e.downcast_ref::<BareStatus>() {
+            return Some(Self::from_bare(bare));
+        }
+        if let Some(up) = e.downcast_ref::<UpstreamError>() {
+            return Self::from_upstream(up);
+        }
+        if let Some(rl) = e.downcast_ref::<RateLimited>() {
+            return Some(Self::rate_limited(rl));
+        }
+        if let Some(u) = e.downcast_ref::<LimiterUnavailable>() {
+            return Some(
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "limiter_unavailable",
+                    "the rate-limit store is unavailable; try again shortly",
+                )
+                .with_retry_after(u.retry_after),
+            );
+        }
+        if let Some(id) = e.downcast_ref::<IdentityError>() {
+            return Some(match id {
+                IdentityError::Unidentified(_) => Self::new(
+                    StatusCode::BAD_REQUEST,
+                    "unidentified_client",
+                    id.to_string(),
+                ),
+                _ => Self::new(StatusCode::UNAUTHORIZED, "unauthorized", id.to_string()),
+            });
+        }
+        // The resilience layers' own errors, when they reach us without a
+        // client wrapper around them.
+        if let Some(open) = e.downcast_ref::<CircuitOpen>() {
+            return Some(Self::unavailable(open.dependency, open.retry_after));
+        }
+        if let Some(full) = e.downcast_ref::<BulkheadFull>() {
+            return Some(Self::busy(full.dependency));
+        }
+        if let Some(t) = e.downcast_ref::<Elapsed>() {
+            return Some(Self::timeout(t.dependency));
+        }
+        if let Some(t) = e.downcast_ref::<DeadlineExceeded>() {
+            return Some(Self::timeout(t.dependency));
+        }
+        None
+    }
+
+    fn rate_limited(rl: &RateLimited) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "rate limit exceeded ({} {} limit of tier {})",
+                rl.layer.as_str(),
+                rl.scope,
+                rl.tier
             ),
+        )
+        .with("layer", rl.layer.as_str())
+        .with("scope", rl.scope)
+        .with("tier", rl.tier.clone())
+        .with_retry_after(rl.retry_after)
+    }
+
+    fn from_bare(bare: &BareStatus) -> Self {
+        let mut err = Self::for_status(bare.status);
+        if bare.status == StatusCode::METHOD_NOT_ALLOWED {
+            err.message = format!("{} is not allowed on {}", bare.method, bare.path);
+        }
+        err
+    }
+
+    fn unavailable(dep: impl std::fmt::Display, retry_after: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "dependency_unavailable",
+            format!("{dep} is unavailable (circuit open); not called"),
+        )
+        .with("dependency", dep.to_string())
+        .with_retry_after(retry_after)
+    }
+
+    fn busy(dep: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "dependency_busy",
+            format!("too many calls to {dep} in flight; not called"),
+        )
+        .with("dependency", dep.to_string())
+        .with_retry_after(Duration::from_secs(1))
+    }
+
+    fn timeout(dep: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "dependency_timeout",
+            format!("{dep} did not answer in time"),
+        )
+    }
+
+    /// `None` for an internal error: its source decides (and, unknown,
+    /// makes it a 500, not the dependency's fault).
+    fn from_upstream(err: &UpstreamError) -> Option<Self> {
+        let dep = err.dependency;
+        Some(match &err.kind {
+            UpstreamErrorKind::Internal => return None,
+            UpstreamErrorKind::Timeout => Self::timeout(dep),
             UpstreamErrorKind::Status {
                 status,
                 retry_after,
@@ -186,26 +258,80 @@ impl ApiError {
                     None => e,
                 }
             }
-            UpstreamErrorKind::Unavailable { retry_after } => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "dependency_unavailable",
-                format!("{dep} is unavailable (circuit open); not called"),
-            )
-            .with("dependency", dep.as_str())
-            .with_retry_after(*retry_after),
-            UpstreamErrorKind::Busy => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "dependency_busy",
-                format!("too many calls to {dep} in flight; not called"),
-            )
-            .with("dependency", dep.as_str())
-            .with_retry_after(Duration::from_secs(1)),
-            kind => Self::new(
+            UpstreamErrorKind::Unavailable { retry_after } => Self::unavailable(dep, *retry_after),
+            UpstreamErrorKind::Busy => Self::busy(dep),
+            kind @ (UpstreamErrorKind::Connect | UpstreamErrorKind::Protocol(_)) => Self::new(
                 StatusCode::BAD_GATEWAY,
                 "dependency_failed",
                 format!("{dep}: {kind}"),
             ),
+        })
+    }
+}
+
+/// A bare error status produced outside our handlers (axum's 405, a
+/// body-limit 413 …), on its way through the one error path.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{status} for {method} {path}")]
+pub struct BareStatus {
+    /// The status axum answered.
+    pub status: StatusCode,
+    /// The request's method.
+    pub method: http::Method,
+    /// The request's path.
+    pub path: String,
+}
+
+/// An error and its causes on one line, for the log.
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
         }
+        Ok(())
+    }
+}
+
+/// The one error path: every error a layer or a handler produces becomes
+/// its response here. The status, code and body come from the first cause
+/// [`ApiError::from_error`] recognises; headers that travel with the error
+/// (the rate-limit fields of a [`Rejection`]) are added.
+pub fn respond(err: &(dyn std::error::Error + 'static)) -> Response {
+    let mut resp = ApiError::from_error(err).into_response();
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if let Some(r) = e.downcast_ref::<Rejection>() {
+            resp.headers_mut().extend(r.headers.clone());
+        }
+        cause = e.source();
+    }
+    resp
+}
+
+/// [`respond`] for the errors the middleware stack returns (the identity
+/// and rate-limit layers), as axum's `HandleErrorLayer` wants it.
+pub async fn rescue(err: BoxError) -> Response {
+    respond(err.as_ref())
+}
+
+/// A handler's error: anything, answered through [`respond`].
+#[derive(Debug)]
+pub struct Failure(pub BoxError);
+
+impl<E: Into<BoxError>> From<E> for Failure {
+    fn from(err: E) -> Self {
+        Self(err.into())
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        respond(self.0.as_ref())
     }
 }
 
@@ -235,18 +361,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A limiter refusal leaves as its mapped error plus the rate-limit
-/// headers of the decision behind it.
+/// A limiter refusal leaves through the one path like every error.
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
-        let mut resp = ApiError::from_error(self.error.as_ref()).into_response();
-        resp.headers_mut().extend(self.headers);
-        resp
-    }
-}
-
-impl From<UpstreamError> for ApiError {
-    fn from(err: UpstreamError) -> Self {
-        Self::from_error(&err)
+        respond(&self)
     }
 }

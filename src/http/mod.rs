@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -10,26 +11,36 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use tower::ServiceBuilder;
 
 mod admin;
 mod chat;
 mod error;
 
-pub use admin::Breakers;
 pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
-pub use error::ApiError;
+pub use error::{respond, rescue, ApiError, BareStatus, Failure};
 
+use crate::config::Config;
 use crate::health::{DependencyHealth, DependencyState};
+use crate::identity::{IdentityLayer, OnRefusal, Resolver};
 use crate::rag::Pipeline;
 use crate::ratelimit::{Limiter, RateLimitLayer};
 use crate::telemetry::{Metrics, TraceLayer};
 use crate::upstream::Dependency;
+use crate::wiring::{Breakers, Gateway};
 
-/// What handlers share.
+/// What handlers share: one `Arc`, so the per-request clone axum makes of
+/// the state is a reference count, not a copy.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The shared state behind [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
     /// The RAG pipeline.
     pub pipeline: Pipeline,
+    /// Resolves who is calling (the identity layer).
+    pub resolver: Arc<Resolver>,
     /// The rate limiter (`None` when `ratelimit.enabled = false`).
     pub limiter: Option<Arc<Limiter>>,
     /// `llm.max_tokens`, for token-budget estimates.
@@ -48,10 +59,36 @@ pub struct AppState {
     pub admin_token: Option<String>,
 }
 
+impl AppState {
+    /// The state for what `gateway` built, with the HTTP settings of
+    /// `config` and the admin token (`None`: admin API off).
+    pub fn new(gateway: Gateway, config: &Config, admin_token: Option<String>) -> Self {
+        Self(Arc::new(Shared {
+            pipeline: gateway.pipeline,
+            resolver: gateway.resolver,
+            limiter: gateway.limiter,
+            llm_max_tokens: u64::from(config.llm.max_tokens),
+            health: gateway.health,
+            max_body_bytes: config.server.max_body_bytes,
+            max_message_bytes: config.server.max_message_bytes,
+            metrics: gateway.metrics,
+            breakers: gateway.breakers,
+            admin_token,
+        }))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 /// Builds the application router.
 pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
-    let limiter = state.limiter.clone();
     let app = Router::new()
         .route("/v1/chat", post(chat::chat))
         .route("/health", get(health))
@@ -61,11 +98,24 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/breakers/{dependency}/{action}", post(admin::act))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit));
-    // Rate limits run before anything expensive (body parsing, retrieval,
-    // the LLM); exempt paths pass through inside the layer.
-    let app = match limiter {
-        Some(limiter) => app.layer(RateLimitLayer::new(limiter)),
-        None => app,
+    // Identity first, then limits, both before anything expensive (body
+    // parsing, retrieval, the LLM): authentication never depends on whether
+    // a limit is configured, and the limiter reads the identity the layer
+    // resolved. Both refuse with typed errors, which leave through the one
+    // error path (`error::rescue`).
+    let mut identity = IdentityLayer::new(state.resolver.clone());
+    if let Some(limiter) = &state.limiter {
+        let hook: Arc<dyn OnRefusal> = limiter.clone();
+        identity = identity.with_refusal_hook(hook);
+    }
+    let guard = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(error::rescue))
+        .layer(identity);
+    // Two arms, not `option_layer`: tower's `Either` wants one error type,
+    // and the router erases the difference anyway.
+    let app = match state.limiter.clone() {
+        Some(limiter) => app.layer(guard.layer(RateLimitLayer::new(limiter))),
+        None => app.layer(guard),
     };
     // Next: whatever produced a bare error status (axum's 405, a
     // body-limit 413 …) leaves as the JSON error contract.
@@ -135,6 +185,8 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 async fn not_found(req: Request) -> ApiError {
+    // Through the one path like every error: an `ApiError` is its own
+    // mapping.
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
@@ -143,8 +195,10 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn json_errors(req: Request, next: Next) -> Response {
+    // The method and URI are cheap to keep (the path shares the request's
+    // bytes); the path is only copied out when a bare error needs it.
     let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    let uri = req.uri().clone();
     let resp = next.run(req).await;
     let status = resp.status();
     let is_json = resp
@@ -155,11 +209,12 @@ async fn json_errors(req: Request, next: Next) -> Response {
         return resp;
     }
     let (mut parts, _) = resp.into_parts();
-    let mut err = ApiError::for_status(status);
-    if status == StatusCode::METHOD_NOT_ALLOWED {
-        err.message = format!("{method} is not allowed on {path}");
-    }
-    let mut out = err.into_response();
+    let bare = error::BareStatus {
+        status,
+        method,
+        path: uri.path().to_owned(),
+    };
+    let mut out = error::respond(&bare);
     // Keep headers such as `Allow` on a 405.
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.remove(header::CONTENT_TYPE);

@@ -22,6 +22,13 @@ pub struct IdentityConfig {
     pub ipv6_prefix: u8,
     /// Registered API keys (by hash). Default: none.
     pub api_keys: Vec<ApiKeyConfig>,
+    /// Refuse requests that present no API key (401 `unauthorized`).
+    /// Default `false`: anonymous traffic is served under the network
+    /// tiers. Unknown or malformed keys are refused whatever this says.
+    pub require_api_key: bool,
+    /// Path prefixes that need an API key even while `require_api_key` is
+    /// `false` (e.g. `["/v1/"]`). Default: none.
+    pub require_api_key_paths: Vec<String>,
 }
 
 /// One registered API key.
@@ -49,6 +56,8 @@ impl Default for IdentityConfig {
             internal_networks: internal,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             api_keys: Vec::new(),
+            require_api_key: false,
+            require_api_key_paths: Vec::new(),
         }
     }
 }
@@ -71,6 +80,15 @@ impl IdentityConfig {
                 self.ipv6_prefix.to_string(),
                 "must be between 1 and 128",
             ));
+        }
+        for (i, p) in self.require_api_key_paths.iter().enumerate() {
+            if !p.starts_with('/') {
+                return Err(ConfigError::invalid(
+                    format!("identity.require_api_key_paths[{i}]"),
+                    format!("{p:?}"),
+                    "must be a path prefix starting with '/'",
+                ));
+            }
         }
         let mut seen_ids = std::collections::HashSet::new();
         let mut seen_hashes = std::collections::HashSet::new();

@@ -1,10 +1,18 @@
 //! Who is calling: the client IP (forwarding headers honoured only from
 //! trusted proxies, IPv6 grouped by prefix), the network class (internal or
-//! public, by configured CIDRs), and the API key's registered id, tenant and
-//! tier. Keys are looked up by SHA-256 hash; the registry never holds a key.
+//! public, by configured CIDRs), the API key's registered id, tenant and
+//! tier, and the end user (`X-User-Id`). Keys are looked up by SHA-256
+//! hash; the registry never holds a key.
+//!
+//! [`IdentityLayer`] / [`Authenticate`] is the tower layer that does this
+//! once per request, before any limit: it stores the typed [`Identity`] in
+//! the request's extensions and refuses unknown or malformed keys (and,
+//! with `require_api_key`, anonymous callers) whether or not any limit is
+//! configured. Everything downstream reads the extension.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use http::HeaderMap;
 use ipnet::IpNet;
@@ -12,9 +20,18 @@ use sha2::{Digest, Sha256};
 
 mod config;
 mod forwarded;
+mod future;
+mod layer;
+mod service;
 
 pub use config::{is_plain_id, ApiKeyConfig, IdentityConfig, DEFAULT_IPV6_PREFIX};
 pub use forwarded::client_ip;
+pub use future::ResponseFuture;
+pub use layer::IdentityLayer;
+pub use service::{Authenticate, OnRefusal};
+
+/// Header carrying the end user for per-user sub-limits.
+pub const USER_HEADER: &str = "x-user-id";
 
 /// Whether the client is on an internal network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +54,7 @@ pub struct KeyInfo {
 }
 
 /// The resolved caller, stored in request extensions for later layers.
+/// Cheap to clone (the key and the user are shared).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// The client address, grouped (IPv6 masked to the configured prefix).
@@ -44,7 +62,27 @@ pub struct Identity {
     /// Internal or public.
     pub network: NetworkClass,
     /// The API key, if one was presented and is registered.
-    pub key: Option<KeyInfo>,
+    pub key: Option<Arc<KeyInfo>>,
+    /// The end user named by `X-User-Id`, if any (visible ASCII, not
+    /// empty). Only ever used hashed in key names.
+    pub user: Option<Arc<str>>,
+}
+
+impl Identity {
+    /// An anonymous caller at `client_ip`.
+    pub fn anonymous(client_ip: IpAddr, network: NetworkClass) -> Self {
+        Self {
+            client_ip,
+            network,
+            key: None,
+            user: None,
+        }
+    }
+
+    /// The tenant of the caller's key, if keyed.
+    pub fn tenant(&self) -> Option<&str> {
+        self.key.as_deref().map(|k| k.tenant.as_str())
+    }
 }
 
 /// Why a caller could not be identified.
@@ -61,6 +99,25 @@ pub enum IdentityError {
     /// unparsable forwarding header).
     #[error("cannot identify the client: {0}")]
     Unidentified(&'static str),
+    /// No API key was presented where one is required
+    /// (`identity.require_api_key`).
+    #[error("an API key is required (X-API-Key or Authorization: Bearer)")]
+    KeyRequired,
+}
+
+/// Why [`Resolver::resolve`] refused a request.
+#[derive(Debug)]
+pub enum Refused {
+    /// No usable client address: nothing to count the attempt against.
+    Network(IdentityError),
+    /// The client is known but its key is not (or is missing where
+    /// required); `identity` is the anonymous caller, for throttling.
+    Key {
+        /// The caller without a key.
+        identity: Identity,
+        /// Why the key was refused.
+        error: IdentityError,
+    },
 }
 
 /// Resolves identities; built once from config.
@@ -69,7 +126,9 @@ pub struct Resolver {
     trusted_proxies: Vec<IpNet>,
     internal: Vec<IpNet>,
     ipv6_prefix: u8,
-    keys: HashMap<[u8; 32], KeyInfo>,
+    keys: HashMap<[u8; 32], Arc<KeyInfo>>,
+    require_key: bool,
+    require_key_paths: Vec<String>,
 }
 
 impl Resolver {
@@ -82,11 +141,11 @@ impl Resolver {
                 let digest: [u8; 32] = hex::decode(&k.sha256).ok()?.try_into().ok()?;
                 Some((
                     digest,
-                    KeyInfo {
+                    Arc::new(KeyInfo {
                         id: k.id.clone(),
                         tenant: k.tenant.clone(),
                         tier: k.tier.clone(),
-                    },
+                    }),
                 ))
             })
             .collect();
@@ -95,7 +154,45 @@ impl Resolver {
             internal: config.internal_networks.clone(),
             ipv6_prefix: config.ipv6_prefix,
             keys,
+            require_key: config.require_api_key,
+            require_key_paths: config.require_api_key_paths.clone(),
         }
+    }
+
+    /// Resolves the whole identity of one request: address, key and user.
+    /// An unknown or malformed key is refused in every configuration; a
+    /// missing one only where `require_api_key` (or one of its path
+    /// prefixes) asks for a key.
+    pub fn resolve(
+        &self,
+        peer: Option<SocketAddr>,
+        headers: &HeaderMap,
+        path: &str,
+    ) -> Result<Identity, Refused> {
+        let (client_ip, network) = self.network(peer, headers).map_err(Refused::Network)?;
+        let mut identity = Identity::anonymous(client_ip, network);
+        match self.key(headers) {
+            Ok(Some(key)) => identity.key = Some(key),
+            Ok(None) if self.requires_key(path) => {
+                return Err(Refused::Key {
+                    identity,
+                    error: IdentityError::KeyRequired,
+                })
+            }
+            Ok(None) => {}
+            Err(error) => return Err(Refused::Key { identity, error }),
+        }
+        identity.user = headers
+            .get(USER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|u| !u.is_empty())
+            .map(Arc::from);
+        Ok(identity)
+    }
+
+    /// Whether a request to `path` must present a key.
+    fn requires_key(&self, path: &str) -> bool {
+        self.require_key || self.require_key_paths.iter().any(|p| path.starts_with(p))
     }
 
     /// The client's grouped IP and network class. Used on its own for
@@ -118,7 +215,7 @@ impl Resolver {
 
     /// The API key presented, looked up by hash. `Ok(None)` when none was
     /// presented.
-    pub fn key(&self, headers: &HeaderMap) -> Result<Option<KeyInfo>, IdentityError> {
+    pub fn key(&self, headers: &HeaderMap) -> Result<Option<Arc<KeyInfo>>, IdentityError> {
         let Some(raw) = presented_key(headers)? else {
             return Ok(None);
         };
@@ -131,8 +228,9 @@ impl Resolver {
     }
 }
 
-/// The key from `X-API-Key`, else `Authorization: Bearer`.
-fn presented_key(headers: &HeaderMap) -> Result<Option<String>, IdentityError> {
+/// The key from `X-API-Key`, else `Authorization: Bearer`. Public for the
+/// fuzz target; never logged.
+pub fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, IdentityError> {
     if let Some(v) = headers.get("x-api-key") {
         let key = v
             .to_str()
@@ -141,7 +239,7 @@ fn presented_key(headers: &HeaderMap) -> Result<Option<String>, IdentityError> {
         if key.is_empty() {
             return Err(IdentityError::MalformedKey("X-API-Key is empty"));
         }
-        return Ok(Some(key.to_owned()));
+        return Ok(Some(key));
     }
     if let Some(v) = headers.get(http::header::AUTHORIZATION) {
         let value = v
@@ -153,7 +251,7 @@ fn presented_key(headers: &HeaderMap) -> Result<Option<String>, IdentityError> {
                 "Authorization must be `Bearer <key>`",
             ));
         }
-        return Ok(Some(token.trim().to_owned()));
+        return Ok(Some(token.trim()));
     }
     Ok(None)
 }

@@ -26,3 +26,9 @@ pub struct LimiterUnavailable {
     /// When to try again.
     pub retry_after: Duration,
 }
+
+/// The limiter ran without the identity layer in front of it: a wiring
+/// bug, answered 500 rather than served unlimited.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no identity on the request (the identity layer is missing)")]
+pub struct MissingIdentity;

@@ -2,7 +2,6 @@
 //! asks the store once. Used by the tower layer ([`super::RateLimit`]) and,
 //! for token budgets, by the chat handler.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,28 +16,31 @@ use super::error::{LimiterUnavailable, RateLimited};
 use super::headers;
 use super::policy::{Applied, Policy};
 use super::store::{Decision, LimitSpec, LimitStore, MemoryStore};
-use crate::identity::{Identity, IdentityError, Resolver};
+use crate::identity::{Identity, IdentityError, OnRefusal};
 use crate::telemetry::{Metrics, RateLimitDecision};
 
-/// Header carrying the end user for per-user sub-limits.
-pub const USER_HEADER: &str = "x-user-id";
-
-/// An admitted request: who it is and the headers to add to the response.
-#[derive(Debug)]
-pub struct Admission {
-    /// The caller.
-    pub identity: Identity,
-    /// Rate-limit headers.
-    pub headers: HeaderMap,
-}
-
-/// A refused request: why, and the headers to send with the refusal.
+/// A refused request: why, and the headers to send with the refusal. Its
+/// [`source`](std::error::Error::source) is the reason, so the one error
+/// path finds the status by walking the causes and takes the headers from
+/// here.
 #[derive(Debug)]
 pub struct Rejection {
     /// The reason (mapped to HTTP in `http::error`).
     pub error: Box<dyn std::error::Error + Send + Sync>,
     /// Rate-limit headers (empty when no limit was checked).
     pub headers: HeaderMap,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused by the rate limiter: {}", self.error)
+    }
+}
+
+impl std::error::Error for Rejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error.as_ref())
+    }
 }
 
 /// A token reservation to settle after the LLM call.
@@ -74,7 +76,6 @@ impl Checked {
 /// The limiter.
 pub struct Limiter {
     policy: Policy,
-    resolver: Resolver,
     store: Arc<dyn LimitStore>,
     /// Local safety limits for fail-open tiers while `store` is down.
     fallback: MemoryStore,
@@ -103,10 +104,9 @@ impl Rejection {
 
 impl Limiter {
     /// A limiter over `store`.
-    pub fn new(policy: Policy, resolver: Resolver, store: Arc<dyn LimitStore>) -> Self {
+    pub fn new(policy: Policy, store: Arc<dyn LimitStore>) -> Self {
         Self {
             policy,
-            resolver,
             store,
             fallback: MemoryStore::new(),
             instance: rand::random(),
@@ -337,68 +337,38 @@ impl Limiter {
         }
     }
 
-    /// Admits or refuses one request; consumes quota only when admitted.
-    /// Runs in a `ratelimit` span and records the outcome on the caller's
-    /// span too.
-    pub async fn admit(
-        &self,
-        peer: Option<SocketAddr>,
-        req_headers: &HeaderMap,
-        path: &str,
-    ) -> Result<Admission, Rejection> {
+    /// Admits or refuses one request of `identity` to `path`; consumes
+    /// quota only when admitted, and answers the rate-limit headers to add
+    /// to the response. Runs in a `ratelimit` span and records the outcome
+    /// on the caller's span too.
+    pub async fn admit(&self, identity: &Identity, path: &str) -> Result<HeaderMap, Rejection> {
         let request_span = tracing::Span::current();
         let result = self
-            .admit_inner(peer, req_headers, path)
+            .admit_inner(identity, path)
             .instrument(Self::span("ratelimit.check"))
             .await;
         match &result {
-            Ok(admission) => Self::record_admission(&request_span, &admission.headers),
+            Ok(headers) => Self::record_admission(&request_span, headers),
             Err(rejection) => Self::record_refusal(&request_span, rejection.error.as_ref()),
         }
         result
     }
 
-    async fn admit_inner(
-        &self,
-        peer: Option<SocketAddr>,
-        req_headers: &HeaderMap,
-        path: &str,
-    ) -> Result<Admission, Rejection> {
-        let (client_ip, network) = self
-            .resolver
-            .network(peer, req_headers)
-            .map_err(|e| Rejection::new(e, HeaderMap::new()))?;
-        let mut identity = Identity {
-            client_ip,
-            network,
-            key: None,
-        };
-        let key = match self.resolver.key(req_headers) {
-            Ok(key) => key,
-            Err(e) => return Err(self.refuse_key(&identity, e).await),
-        };
-        identity.key = key;
-        let user = req_headers
-            .get(USER_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|u| !u.is_empty());
-        let applied = self.policy.limits(&identity, path, user);
+    async fn admit_inner(&self, identity: &Identity, path: &str) -> Result<HeaderMap, Rejection> {
+        let applied = self.policy.limits(identity, path, identity.user.as_deref());
         if applied.is_empty() {
-            return Ok(Admission {
-                identity,
-                headers: HeaderMap::new(),
-            });
+            return Ok(HeaderMap::new());
         }
         let checked = match self.check(&applied).await {
             Ok(c) => c,
             Err(rejection) => {
-                self.record_tenant(&identity, RateLimitDecision::FailClosed);
+                self.record_tenant(identity, RateLimitDecision::FailClosed);
                 return Err(rejection);
             }
         };
         let headers = checked.headers(&applied);
         self.record_tenant(
-            &identity,
+            identity,
             match (checked.decision.allowed, checked.degraded) {
                 (false, _) => RateLimitDecision::Limited,
                 (true, true) => RateLimitDecision::FailOpen,
@@ -406,7 +376,7 @@ impl Limiter {
             },
         );
         if checked.decision.allowed {
-            Ok(Admission { identity, headers })
+            Ok(headers)
         } else {
             Err(Rejection::new(
                 Self::rejected(&applied, &checked.decision),
@@ -418,7 +388,7 @@ impl Limiter {
     /// An unknown or malformed key is 401, but the attempt still counts
     /// against the client's IP, so guessing keys is throttled like any
     /// anonymous traffic (429 once the IP limit is spent).
-    async fn refuse_key(&self, identity: &Identity, error: IdentityError) -> Rejection {
+    pub async fn refuse_key(&self, identity: &Identity, error: IdentityError) -> Rejection {
         let mut applied = Vec::new();
         self.policy.network_limits(identity, &mut applied);
         if applied.is_empty() {
@@ -500,5 +470,20 @@ impl Limiter {
         if let Err(e) = result {
             tracing::warn!(error = %e, delta, "could not settle token reservation");
         }
+    }
+}
+
+/// The identity layer asks the limiter before refusing a key, so the
+/// attempt is counted against the client's network limits.
+#[async_trait::async_trait]
+impl OnRefusal for Limiter {
+    async fn refused(&self, identity: Identity, error: IdentityError) -> tower::BoxError {
+        let request_span = tracing::Span::current();
+        let rejection = self
+            .refuse_key(&identity, error)
+            .instrument(Self::span("ratelimit.check"))
+            .await;
+        Self::record_refusal(&request_span, rejection.error.as_ref());
+        Box::new(rejection)
     }
 }

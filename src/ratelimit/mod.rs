@@ -24,7 +24,8 @@ pub use config::{
     TierConfig, DEFAULT_ALGORITHM, DEFAULT_KEY_PREFIX, DEFAULT_TENANT_POLICY, TIER_API_KEY,
     TIER_INTERNAL_IP, TIER_PUBLIC_IP,
 };
-pub use error::{LimiterUnavailable, RateLimited};
+pub use crate::identity::USER_HEADER;
+pub use error::{LimiterUnavailable, MissingIdentity, RateLimited};
 pub use layer::RateLimitLayer;
-pub use limiter::{Admission, Limiter, Rejection, TokenReservation, USER_HEADER, X_DEGRADED};
+pub use limiter::{Limiter, Rejection, TokenReservation, X_DEGRADED};
 pub use service::{RateLimit, ResponseFuture};

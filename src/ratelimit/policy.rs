@@ -313,11 +313,12 @@ mod tests {
         Identity {
             client_ip: IpAddr::from([203, 0, 113, 9]),
             network: NetworkClass::Public,
-            key: Some(KeyInfo {
+            key: Some(std::sync::Arc::new(KeyInfo {
                 id: "k1".into(),
                 tenant: tenant.into(),
                 tier: "API_KEY".into(),
-            }),
+            })),
+            user: None,
         }
     }
 

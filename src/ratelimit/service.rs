@@ -1,22 +1,22 @@
 //! [`RateLimit`]: the tower service. Exempt paths pass straight through;
-//! everything else is admitted (identity stored in the request's
-//! extensions, headers added to the response) or refused with the mapped
-//! JSON error and the same headers. It never waits for capacity: axum
+//! everything else is admitted (headers added to the response) or refused
+//! with a typed [`Rejection`](super::Rejection) that carries the same
+//! headers, for the one error path to turn into a response. It reads the
+//! caller from the [`Identity`] extension set by the identity layer and
+//! never parses identity headers itself. It never waits for capacity: axum
 //! services are always ready, so a refusal is an immediate answer.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::response::{IntoResponse, Response};
-use http::Request;
-use tower::Service;
+use http::{Request, Response};
+use tower::{BoxError, Service};
 
+use super::error::MissingIdentity;
 use super::limiter::Limiter;
+use crate::identity::Identity;
 
 /// The rate-limiting service.
 #[derive(Debug, Clone)]
@@ -33,45 +33,40 @@ impl<S> RateLimit<S> {
 }
 
 /// The service's future.
-pub type ResponseFuture<E> = Pin<Box<dyn Future<Output = Result<Response, E>> + Send>>;
+pub type ResponseFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
 
-impl<S> Service<Request<Body>> for RateLimit<S>
+impl<S, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S>
 where
-    S: Service<Request<Body>, Response = Response> + Clone + Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S::Error: Into<BoxError>,
+    ReqB: Send + 'static,
 {
-    type Response = Response;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Error>;
+    type Response = Response<ResB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<Self::Response>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        if self.limiter.policy().is_exempt(req.uri().path()) {
+            let fut = self.inner.call(req);
+            return Box::pin(async move { fut.await.map_err(Into::into) });
+        }
         // The ready inner service is the one to call; leave a clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         Box::pin(async move {
-            if limiter.policy().is_exempt(req.uri().path()) {
-                return inner.call(req).await;
-            }
-            let peer = req
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0);
-            let path = req.uri().path().to_owned();
-            match limiter.admit(peer, req.headers(), &path).await {
-                Ok(admission) => {
-                    req.extensions_mut().insert(admission.identity);
-                    let mut resp = inner.call(req).await?;
-                    resp.headers_mut().extend(admission.headers);
-                    Ok(resp)
-                }
-                Err(rejection) => Ok(rejection.into_response()),
-            }
+            let Some(identity) = req.extensions().get::<Identity>() else {
+                return Err(MissingIdentity.into());
+            };
+            let headers = limiter.admit(identity, req.uri().path()).await?;
+            let mut resp = inner.call(req).await.map_err(Into::into)?;
+            resp.headers_mut().extend(headers);
+            Ok(resp)
         })
     }
 }

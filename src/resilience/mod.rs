@@ -33,6 +33,7 @@
 pub mod breaker;
 pub mod bulkhead;
 pub mod config;
+pub mod failure;
 mod observer;
 pub mod retry;
 mod stack;
@@ -44,6 +45,7 @@ pub use config::{
     BreakerConfig, BreakerPolicyKind, BulkheadConfig, DependencyPolicy, ResilienceConfig,
     RetryConfig,
 };
+pub use failure::{Classified, ClassifyFailure, FailureClass};
 pub use observer::{CallOutcome, NoopObserver, ResilienceObserver};
 pub use retry::{Retryable, StreamFlag};
 pub use stack::DependencyStack;

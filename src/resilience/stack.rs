@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use tower::retry::budget::TpsBudget;
-use tower::util::BoxCloneService;
+use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 
 use super::breaker::{Breaker, CircuitBreakerLayer, Classify, DefaultClassifier};
@@ -14,7 +14,7 @@ use super::bulkhead::BulkheadLayer;
 use super::config::DependencyPolicy;
 use super::retry::{RetryLayer, Retryable};
 use super::timeout::TimeoutLayer;
-use super::{BoxError, ResilienceObserver};
+use super::{BoxError, Classified, ClassifyFailure, ResilienceObserver};
 use crate::config::ConfigError;
 
 /// The resilience layers of one dependency and their shared state.
@@ -91,10 +91,16 @@ impl DependencyStack {
     /// timeout (outermost first; see the module docs for why). Disabled
     /// layers are left out. Every service wrapped by one stack shares its
     /// breaker, bulkhead and retry budget.
-    pub fn wrap<S, Req>(&self, client: S) -> BoxCloneService<Req, S::Response, BoxError>
+    ///
+    /// The client's errors leave it tagged with their [`FailureClass`]
+    /// ([`Classified`]), which is how the breaker and retry judge them
+    /// without knowing the client's error type.
+    ///
+    /// [`FailureClass`]: super::FailureClass
+    pub fn wrap<S, Req>(&self, client: S) -> BoxCloneSyncService<Req, S::Response, BoxError>
     where
-        S: Service<Req> + Clone + Send + 'static,
-        S::Error: Into<BoxError>,
+        S: Service<Req> + Clone + Send + Sync + 'static,
+        S::Error: ClassifyFailure + std::error::Error + Send + Sync + 'static,
         S::Future: Send + 'static,
         S::Response: Send + 'static,
         Req: Retryable + Clone + Send + 'static,
@@ -114,8 +120,9 @@ impl DependencyStack {
             .option_layer(self.breaker.clone().map(CircuitBreakerLayer::new))
             .option_layer(self.bulkhead.clone())
             .layer(TimeoutLayer::attempt(self.name, policy.attempt_timeout))
+            .map_err(Classified::new)
             .service(client);
-        BoxCloneService::new(service)
+        BoxCloneSyncService::new(service)
     }
 }
 

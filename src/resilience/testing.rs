@@ -4,7 +4,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::breaker::StateKind;
-use super::{CallOutcome, ResilienceObserver};
+use super::failure::{Classified, ClassifyFailure, FailureClass};
+use super::{BoxError, CallOutcome, ResilienceObserver};
 
 /// Records every event it is told about.
 #[derive(Debug, Default)]
@@ -55,4 +56,41 @@ impl ResilienceObserver for Recorder {
     fn bulkhead_rejected(&self, _: &'static str) {
         *self.bulkhead_rejected.lock().unwrap() += 1;
     }
+}
+
+/// A client error for tests, classified like an HTTP client's would be.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TestFailure {
+    #[error("connection failed")]
+    Connect,
+    #[error("timed out")]
+    Timeout,
+    #[error("bad response")]
+    Protocol,
+    #[error("llm: answered {0}")]
+    Status(u16, Option<Duration>),
+}
+
+impl ClassifyFailure for TestFailure {
+    fn failure_class(&self) -> FailureClass {
+        match *self {
+            Self::Connect => FailureClass::Unreachable,
+            Self::Timeout => FailureClass::Timeout,
+            Self::Protocol => FailureClass::Failed,
+            Self::Status(429, retry_after) => FailureClass::Throttled { retry_after },
+            Self::Status(502..=504, retry_after) => FailureClass::Overloaded { retry_after },
+            Self::Status(s, _) if (400..500).contains(&s) => FailureClass::Rejected,
+            Self::Status(..) => FailureClass::Failed,
+        }
+    }
+}
+
+/// A tagged error status, as a wrapped client would return it.
+pub(crate) fn status(status: u16, retry_after: Option<Duration>) -> BoxError {
+    Box::new(Classified::new(TestFailure::Status(status, retry_after)))
+}
+
+/// A tagged connection failure.
+pub(crate) fn connect() -> BoxError {
+    Box::new(Classified::new(TestFailure::Connect))
 }

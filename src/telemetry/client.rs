@@ -108,6 +108,7 @@ pub fn error_type(err: &UpstreamError) -> String {
         UpstreamErrorKind::Protocol(_) => "protocol".to_owned(),
         UpstreamErrorKind::Unavailable { .. } => "circuit_open".to_owned(),
         UpstreamErrorKind::Busy => "bulkhead_full".to_owned(),
+        UpstreamErrorKind::Internal => "internal".to_owned(),
     }
 }
 

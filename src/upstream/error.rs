@@ -14,6 +14,11 @@ pub struct UpstreamError {
     pub dependency: Dependency,
     /// How it failed.
     pub kind: UpstreamErrorKind,
+    /// What the resilience stack refused or failed with (a `CircuitOpen`,
+    /// an `Elapsed` …), kept typed for the error path rather than turned
+    /// into text.
+    #[source]
+    pub source: Option<crate::resilience::BoxError>,
 }
 
 /// How an upstream call failed.
@@ -45,12 +50,21 @@ pub enum UpstreamErrorKind {
     /// Not called: the dependency's bulkhead is full.
     #[error("too many calls in flight")]
     Busy,
+    /// Something that is neither the dependency's fault nor a refusal went
+    /// wrong on our side (its cause is the error's source). Mapped to 500,
+    /// never reported as the dependency's fault.
+    #[error("internal error")]
+    Internal,
 }
 
 impl UpstreamError {
     /// Builds an error for `dependency`.
     pub fn new(dependency: Dependency, kind: UpstreamErrorKind) -> Self {
-        Self { dependency, kind }
+        Self {
+            dependency,
+            kind,
+            source: None,
+        }
     }
 
     /// Classifies a reqwest error without keeping its text, which can
@@ -69,12 +83,13 @@ impl UpstreamError {
     }
 
     /// Turns whatever a resilience stack returned back into an upstream
-    /// error: the client's own error as it was, breaker and bulkhead
-    /// refusals as `Unavailable` / `Busy`, attempt timeouts and deadlines
-    /// as `Timeout`.
+    /// error: the client's own error as it was (its failure tag removed),
+    /// breaker and bulkhead refusals as `Unavailable` / `Busy`, attempt
+    /// timeouts and deadlines as `Timeout`, each keeping the layer's error
+    /// as its source; anything else is `Internal`, with its cause kept.
     pub fn from_stack(dependency: Dependency, err: crate::resilience::BoxError) -> Self {
-        use crate::resilience::{BulkheadFull, CircuitOpen, DeadlineExceeded, Elapsed};
-        let err = match err.downcast::<Self>() {
+        use crate::resilience::{BulkheadFull, CircuitOpen, Classified, DeadlineExceeded, Elapsed};
+        let err = match Classified::into_source(err).downcast::<Self>() {
             Ok(e) => return *e,
             Err(e) => e,
         };
@@ -87,9 +102,13 @@ impl UpstreamError {
         } else if err.is::<Elapsed>() || err.is::<DeadlineExceeded>() {
             UpstreamErrorKind::Timeout
         } else {
-            UpstreamErrorKind::Protocol(err.to_string())
+            UpstreamErrorKind::Internal
         };
-        Self::new(dependency, kind)
+        Self {
+            dependency,
+            kind,
+            source: Some(err),
+        }
     }
 
     /// Whether the call was refused without reaching the dependency.
@@ -103,5 +122,33 @@ impl UpstreamError {
     /// Whether this was a timeout (mapped to 504 rather than 502).
     pub fn is_timeout(&self) -> bool {
         matches!(self.kind, UpstreamErrorKind::Timeout)
+    }
+}
+
+/// How the breaker and retry judge an upstream failure.
+impl crate::resilience::ClassifyFailure for UpstreamError {
+    fn failure_class(&self) -> crate::resilience::FailureClass {
+        use crate::resilience::FailureClass;
+        match self.kind {
+            UpstreamErrorKind::Connect => FailureClass::Unreachable,
+            UpstreamErrorKind::Timeout => FailureClass::Timeout,
+            UpstreamErrorKind::Status {
+                status: 429,
+                retry_after,
+            } => FailureClass::Throttled { retry_after },
+            UpstreamErrorKind::Status {
+                status: 502..=504,
+                retry_after,
+            } => FailureClass::Overloaded { retry_after },
+            UpstreamErrorKind::Status { status, .. } if (400..500).contains(&status) => {
+                FailureClass::Rejected
+            }
+            UpstreamErrorKind::Status { .. }
+            | UpstreamErrorKind::Protocol(_)
+            | UpstreamErrorKind::Internal => FailureClass::Failed,
+            UpstreamErrorKind::Unavailable { .. } | UpstreamErrorKind::Busy => {
+                FailureClass::Refused
+            }
+        }
     }
 }

@@ -17,17 +17,12 @@ use serde::Serialize;
 
 mod error;
 mod extractive;
-mod guarded;
 mod local;
 mod openai;
 mod qdrant;
 
 pub use error::{UpstreamError, UpstreamErrorKind};
 pub use extractive::ExtractiveAnswerer;
-pub use guarded::{
-    CompletionCall, FallbackLlm, GuardedLimitStore, GuardedLlm, GuardedMemory, GuardedVectorStore,
-    LimitCall, MemoryCall, SearchCall,
-};
 pub use local::LocalIndex;
 pub use openai::OpenAiClient;
 pub use qdrant::QdrantClient;

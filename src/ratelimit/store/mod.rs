@@ -133,6 +133,21 @@ pub struct StoreUnavailable {
     pub refused: bool,
 }
 
+/// How the Redis stack's breaker judges a store failure: a timeout is a
+/// timeout, anything else means Redis could not be used.
+impl crate::resilience::ClassifyFailure for StoreUnavailable {
+    fn failure_class(&self) -> crate::resilience::FailureClass {
+        use crate::resilience::FailureClass;
+        if self.refused {
+            FailureClass::Refused
+        } else if self.timeout {
+            FailureClass::Timeout
+        } else {
+            FailureClass::Unreachable
+        }
+    }
+}
+
 /// Checks and consumes limits atomically.
 #[async_trait]
 pub trait LimitStore: Send + Sync + 'static {

@@ -6,8 +6,8 @@
 use std::error::Error;
 
 use crate::resilience::bulkhead::BulkheadFull;
+use crate::resilience::failure::{Classified, FailureClass};
 use crate::resilience::timeout::{DeadlineExceeded, Elapsed};
-use crate::upstream::{UpstreamError, UpstreamErrorKind};
 
 use super::CircuitOpen;
 
@@ -53,10 +53,12 @@ impl Classify for DefaultClassifier {
 /// - [`CircuitOpen`], [`BulkheadFull`], [`DeadlineExceeded`] → ignore: our
 ///   own rejections say nothing about the dependency;
 /// - [`Elapsed`] (attempt timeout) → failure;
-/// - [`UpstreamError`]: connect, timeout, protocol errors and 5xx → failure;
-///   429 → ignore (the dependency is up and pushing back on our rate; retry
-///   honours its `Retry-After`, and opening on quota would hide that);
-///   other 4xx → success (the dependency answered; the request was bad);
+/// - a client error tagged with its [`FailureClass`] (see
+///   [`crate::resilience::failure`]): unreachable, timeout, overloaded and
+///   failed → failure; throttled (429) → ignore (the dependency is up and
+///   pushing back on our rate; retry honours its `Retry-After`, and opening
+///   on quota would hide that); rejected (other 4xx) → success (the
+///   dependency answered; the request was bad); refused → ignore;
 /// - anything else → failure (an unknown error from the client stack is
 ///   more likely a dependency fault than not).
 pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
@@ -68,13 +70,14 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
         if e.is::<Elapsed>() {
             return Verdict::Failure;
         }
-        if let Some(up) = e.downcast_ref::<UpstreamError>() {
-            return match up.kind {
-                UpstreamErrorKind::Status { status: 429, .. } => Verdict::Ignore,
-                UpstreamErrorKind::Status { status, .. } if (400..500).contains(&status) => {
-                    Verdict::Success
-                }
-                _ => Verdict::Failure,
+        if let Some(c) = e.downcast_ref::<Classified>() {
+            return match c.class {
+                FailureClass::Throttled { .. } | FailureClass::Refused => Verdict::Ignore,
+                FailureClass::Rejected => Verdict::Success,
+                FailureClass::Unreachable
+                | FailureClass::Timeout
+                | FailureClass::Overloaded { .. }
+                | FailureClass::Failed => Verdict::Failure,
             };
         }
         cause = e.source();
@@ -87,38 +90,35 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::upstream::Dependency;
+    use crate::resilience::testing::{status as status_error, TestFailure};
 
-    fn upstream(kind: UpstreamErrorKind) -> UpstreamError {
-        UpstreamError::new(Dependency::Llm, kind)
+    fn upstream(kind: TestFailure) -> Classified {
+        Classified::new(kind)
     }
 
-    fn status(status: u16) -> UpstreamError {
-        upstream(UpstreamErrorKind::Status {
-            status,
-            retry_after: None,
-        })
+    fn status(status: u16) -> crate::resilience::BoxError {
+        status_error(status, None)
     }
 
     #[test]
     fn dependency_faults_are_failures_and_client_faults_successes() {
         assert_eq!(
-            classify_error(&upstream(UpstreamErrorKind::Connect)),
+            classify_error(&upstream(TestFailure::Connect)),
             Verdict::Failure
         );
         assert_eq!(
-            classify_error(&upstream(UpstreamErrorKind::Timeout)),
+            classify_error(&upstream(TestFailure::Timeout)),
             Verdict::Failure
         );
         assert_eq!(
-            classify_error(&upstream(UpstreamErrorKind::Protocol("x".into()))),
+            classify_error(&upstream(TestFailure::Protocol)),
             Verdict::Failure
         );
-        assert_eq!(classify_error(&status(503)), Verdict::Failure);
-        assert_eq!(classify_error(&status(500)), Verdict::Failure);
-        assert_eq!(classify_error(&status(400)), Verdict::Success);
-        assert_eq!(classify_error(&status(404)), Verdict::Success);
-        assert_eq!(classify_error(&status(429)), Verdict::Ignore);
+        assert_eq!(classify_error(status(503).as_ref()), Verdict::Failure);
+        assert_eq!(classify_error(status(500).as_ref()), Verdict::Failure);
+        assert_eq!(classify_error(status(400).as_ref()), Verdict::Success);
+        assert_eq!(classify_error(status(404).as_ref()), Verdict::Success);
+        assert_eq!(classify_error(status(429).as_ref()), Verdict::Ignore);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::*;
 use crate::resilience::bulkhead::{BulkheadFull, BulkheadLayer};
 use crate::resilience::testing::Recorder;
 use crate::resilience::{BoxError, CallOutcome};
-use crate::upstream::{Dependency, UpstreamError, UpstreamErrorKind};
+use crate::resilience::testing::status;
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -56,13 +56,7 @@ async fn trip_and_wait(b: &Breaker) {
 }
 
 fn upstream_503() -> BoxError {
-    Box::new(UpstreamError::new(
-        Dependency::Llm,
-        UpstreamErrorKind::Status {
-            status: 503,
-            retry_after: None,
-        },
-    ))
+    status(503, None)
 }
 
 #[tokio::test(start_paused = true)]
@@ -387,14 +381,8 @@ async fn a_full_bulkhead_does_not_trip_the_breaker() {
 #[tokio::test(start_paused = true)]
 async fn client_errors_count_as_successes_and_circuit_open_as_nothing() {
     let (b, _) = breaker(consecutive(1, 1));
-    let not_found = UpstreamError::new(
-        Dependency::Llm,
-        UpstreamErrorKind::Status {
-            status: 404,
-            retry_after: None,
-        },
-    );
-    b.permit().unwrap().error(&not_found);
+    let not_found = status(404, None);
+    b.permit().unwrap().error(not_found.as_ref());
     let open = CircuitOpen {
         dependency: "inner",
         retry_after: SEC,

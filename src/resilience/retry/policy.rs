@@ -14,9 +14,9 @@ use tower::retry::Policy;
 
 use crate::resilience::breaker::CircuitOpen;
 use crate::resilience::bulkhead::BulkheadFull;
+use crate::resilience::failure::{Classified, FailureClass};
 use crate::resilience::timeout::{DeadlineExceeded, Elapsed};
 use crate::resilience::{BoxError, ResilienceObserver};
-use crate::upstream::{UpstreamError, UpstreamErrorKind};
 
 /// A request that knows whether sending it again is safe.
 pub trait Retryable {
@@ -203,7 +203,10 @@ impl fmt::Debug for RetryPolicy {
     }
 }
 
-/// Walks `error`'s causes and decides whether it is worth another attempt.
+/// Walks `error`'s causes and decides whether it is worth another attempt:
+/// never for our own refusals and deadline, again for attempt timeouts,
+/// and for a tagged client error by its [`FailureClass`]. Untagged errors
+/// are not retried: nothing says that repeating them is safe or useful.
 pub fn retry_decision(error: &(dyn Error + 'static)) -> RetryDecision {
     let mut cause = Some(error);
     while let Some(e) = cause {
@@ -213,18 +216,16 @@ pub fn retry_decision(error: &(dyn Error + 'static)) -> RetryDecision {
         if e.is::<Elapsed>() {
             return RetryDecision::Retry;
         }
-        if let Some(up) = e.downcast_ref::<UpstreamError>() {
-            return match up.kind {
-                UpstreamErrorKind::Connect | UpstreamErrorKind::Timeout => RetryDecision::Retry,
-                UpstreamErrorKind::Status {
-                    status: 429 | 502 | 503 | 504,
-                    retry_after: Some(wait),
-                } => RetryDecision::After(wait),
-                UpstreamErrorKind::Status {
-                    status: 429 | 502 | 503 | 504,
-                    retry_after: None,
-                } => RetryDecision::Retry,
-                _ => RetryDecision::Never,
+        if let Some(c) = e.downcast_ref::<Classified>() {
+            return match c.class {
+                FailureClass::Unreachable | FailureClass::Timeout => RetryDecision::Retry,
+                FailureClass::Overloaded { retry_after }
+                | FailureClass::Throttled { retry_after } => {
+                    retry_after.map_or(RetryDecision::Retry, RetryDecision::After)
+                }
+                FailureClass::Failed | FailureClass::Rejected | FailureClass::Refused => {
+                    RetryDecision::Never
+                }
             };
         }
         cause = e.source();

@@ -12,7 +12,7 @@ use crate::resilience::breaker::CircuitOpen;
 use crate::resilience::bulkhead::BulkheadFull;
 use crate::resilience::testing::Recorder;
 use crate::resilience::timeout::{DeadlineExceeded, Elapsed};
-use crate::upstream::{Dependency, UpstreamError, UpstreamErrorKind};
+use crate::resilience::testing::{connect as connect_error, status as status_error, TestFailure};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -31,20 +31,11 @@ impl Retryable for Req {
 type Reply = Result<&'static str, BoxError>;
 
 fn status(status: u16, retry_after: Option<Duration>) -> BoxError {
-    Box::new(UpstreamError::new(
-        Dependency::Llm,
-        UpstreamErrorKind::Status {
-            status,
-            retry_after,
-        },
-    ))
+    status_error(status, retry_after)
 }
 
 fn connect() -> BoxError {
-    Box::new(UpstreamError::new(
-        Dependency::Llm,
-        UpstreamErrorKind::Connect,
-    ))
+    connect_error()
 }
 
 /// A client answering from a script (the last answer repeats), counting
@@ -124,9 +115,8 @@ async fn non_retryable_failures_are_returned_after_one_attempt() {
         || Err(status(400, None)),
         || Err(status(500, None)),
         || {
-            Err(Box::new(UpstreamError::new(
-                Dependency::Llm,
-                UpstreamErrorKind::Protocol("x".into()),
+            Err(Box::new(crate::resilience::failure::Classified::new(
+                TestFailure::Protocol,
             )))
         },
         || {

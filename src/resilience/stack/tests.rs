@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tower::{service_fn, ServiceExt};
 
 use super::*;
-use crate::resilience::testing::Recorder;
+use crate::resilience::testing::{Recorder, TestFailure};
 use crate::resilience::{
     BreakerConfig, BreakerPolicyKind, BreakerState, BulkheadConfig, CircuitOpen, DeadlineExceeded,
     Elapsed, RetryConfig, StateKind,
@@ -56,7 +56,7 @@ fn policy(deadline: Duration, max_attempts: u32) -> DependencyPolicy {
 
 /// A client that never answers, counting calls.
 fn hanging() -> (
-    impl tower::Service<Req, Response = (), Error = BoxError, Future: Send> + Clone + Send,
+    impl tower::Service<Req, Response = (), Error = TestFailure, Future: Send> + Clone + Send + Sync,
     Arc<AtomicUsize>,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
@@ -66,7 +66,7 @@ fn hanging() -> (
             calls.fetch_add(1, Ordering::SeqCst);
             async {
                 std::future::pending::<()>().await;
-                Ok::<(), BoxError>(())
+                Ok::<(), TestFailure>(())
             }
         })
     };
@@ -156,4 +156,43 @@ fn an_invalid_policy_is_refused_naming_the_key() {
     p.breaker.failure_rate = 1.5;
     let err = DependencyStack::new("llm", p, Arc::new(Recorder::default())).unwrap_err();
     assert_eq!(err.key(), "resilience.llm.breaker.failure_rate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_errors_are_judged_by_their_class_through_the_stack() {
+    let mut p = policy(10 * SEC, 3);
+    p.breaker.consecutive_failures = 2;
+    let rec = Arc::new(Recorder::default());
+    let stack = DependencyStack::new("llm", p, rec.clone()).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let not_found = {
+        let calls = calls.clone();
+        service_fn(move |Req| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(TestFailure::Status(404, None)) }
+        })
+    };
+    for _ in 0..5 {
+        let err = stack.wrap(not_found.clone()).oneshot(Req).await.unwrap_err();
+        // The caller gets the client's own error back, under its tag.
+        let source = Classified::into_source(err);
+        assert!(source.is::<TestFailure>(), "{source}");
+    }
+    // A 404 is the caller's fault: never retried, never a breaker failure.
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(stack.breaker().unwrap().state(), BreakerState::Closed);
+    assert_eq!(stack.breaker().unwrap().snapshot().counts.failures, 0);
+
+    let busy = {
+        let calls = calls.clone();
+        service_fn(move |Req| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(TestFailure::Status(503, None)) }
+        })
+    };
+    calls.store(0, Ordering::SeqCst);
+    assert!(stack.wrap(busy).oneshot(Req).await.is_err());
+    // A 503 is retried (3 attempts allowed) and trips the breaker at 2.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(stack.breaker().unwrap().state().kind(), StateKind::Open);
 }

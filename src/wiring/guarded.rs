@@ -4,35 +4,34 @@
 //! timeout) and turns the result back into the trait's error, so the
 //! pipeline and the limiter never know a stack is there.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use tower::util::BoxCloneService;
+use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 
-use super::{
-    Answer, Completion, Dependency, Llm, Passage, Turn, UpstreamError, UpstreamErrorKind,
-    VectorStore,
-};
 use crate::rag::{ConversationStore, ThreadKey};
 use crate::ratelimit::store::{Decision, LimitSpec, LimitStore, StoreUnavailable};
 use crate::resilience::{
-    BoxError, Breaker, BreakerState, BulkheadFull, CircuitOpen, DependencyStack, Elapsed, Retryable,
+    BoxError, Breaker, BreakerState, BulkheadFull, CircuitOpen, Classified, DependencyStack,
+    Elapsed, Retryable,
+};
+use crate::upstream::{
+    Answer, Completion, Dependency, Llm, Passage, Turn, UpstreamError, UpstreamErrorKind,
+    VectorStore,
 };
 
-/// A boxed service shared by a wrapper's callers. `BoxCloneService` is not
-/// `Sync`, so the shared copy sits behind a mutex that is held only to
-/// clone it.
-struct Shared<Req, Resp>(Mutex<BoxCloneService<Req, Resp, BoxError>>);
+/// A boxed service shared by a wrapper's callers; each call clones it (a
+/// `Sync` boxed service needs no lock to be shared).
+struct Shared<Req, Resp>(BoxCloneSyncService<Req, Resp, BoxError>);
 
 impl<Req, Resp> Shared<Req, Resp> {
-    fn new(svc: BoxCloneService<Req, Resp, BoxError>) -> Self {
-        Self(Mutex::new(svc))
+    fn new(svc: BoxCloneSyncService<Req, Resp, BoxError>) -> Self {
+        Self(svc)
     }
 
     async fn call(&self, req: Req) -> Result<Resp, BoxError> {
-        let svc = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        svc.oneshot(req).await
+        self.0.clone().oneshot(req).await
     }
 }
 
@@ -71,7 +70,7 @@ impl GuardedLlm {
                     passages: &call.passages,
                     history: &call.history,
                 };
-                inner.complete(request).await.map_err(BoxError::from)
+                inner.complete(request).await
             }
         });
         Self {
@@ -102,12 +101,13 @@ impl Llm for GuardedLlm {
         // permit granted in the meantime is dropped unused, which frees it.
         match breaker.permit() {
             Ok(_unused) => Ok(()),
-            Err(open) => Err(UpstreamError::new(
-                Dependency::Llm,
-                UpstreamErrorKind::Unavailable {
+            Err(open) => Err(UpstreamError {
+                dependency: Dependency::Llm,
+                kind: UpstreamErrorKind::Unavailable {
                     retry_after: open.retry_after,
                 },
-            )),
+                source: Some(Box::new(open)),
+            }),
         }
     }
 
@@ -187,10 +187,7 @@ impl GuardedVectorStore {
         let client = tower::service_fn(move |call: SearchCall| {
             let inner = inner.clone();
             async move {
-                inner
-                    .search(&call.query, call.top_k)
-                    .await
-                    .map_err(BoxError::from)
+                inner.search(&call.query, call.top_k).await
             }
         });
         Self {
@@ -253,7 +250,6 @@ impl GuardedMemory {
                         inner.append(&key, &turns).await.map(|()| Vec::new())
                     }
                 }
-                .map_err(BoxError::from)
             }
         });
         Self {
@@ -321,7 +317,6 @@ impl GuardedLimitStore {
                         inner.adjust(&spec, delta).await.map(|()| None)
                     }
                 }
-                .map_err(BoxError::from)
             }
         });
         Self {
@@ -330,7 +325,8 @@ impl GuardedLimitStore {
         }
     }
 
-    fn unavailable(err: &BoxError) -> StoreUnavailable {
+    fn unavailable(err: BoxError) -> StoreUnavailable {
+        let err = Classified::into_source(err);
         if let Some(e) = err.downcast_ref::<StoreUnavailable>() {
             return e.clone();
         }
@@ -366,7 +362,7 @@ impl LimitStore for GuardedLimitStore {
                 timeout: false,
                 refused: false,
             }),
-            Err(e) => Err(Self::unavailable(&e)),
+            Err(e) => Err(Self::unavailable(e)),
         }
     }
 
@@ -375,6 +371,6 @@ impl LimitStore for GuardedLimitStore {
             .call(LimitCall::Adjust(limit.clone(), delta))
             .await
             .map(|_| ())
-            .map_err(|e| Self::unavailable(&e))
+            .map_err(Self::unavailable)
     }
 }

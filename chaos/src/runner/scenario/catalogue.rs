@@ -1,0 +1,499 @@
+//! The scenario catalogue: every scenario Levee's chaos suite knows, by
+//! name, with its config, load, fault schedule and checks. Kept apart from
+//! the runner and the checks so that adding or tuning a scenario touches
+//! only this file.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::super::load::LoadSpec;
+use super::super::proxy::ProxyMode;
+use super::{ms, Action, Check, Scenario, Step};
+
+/// Load rate and time scale of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Profile {
+    /// Name, as on the command line.
+    pub name: &'static str,
+    /// Multiplies each scenario's base request rate.
+    pub rate: f64,
+    /// Multiplies each scenario's schedule (not the recovery bounds, which
+    /// follow from breaker timings).
+    pub time: f64,
+}
+
+impl Profile {
+    /// CI: 100-150 req/s, ~10-14 s of load per scenario.
+    pub const CI: Self = Self {
+        name: "ci",
+        rate: 1.0,
+        time: 1.0,
+    };
+    /// Longer and a third heavier.
+    pub const FULL: Self = Self {
+        name: "full",
+        rate: 4.0 / 3.0,
+        time: 2.0,
+    };
+
+    /// A profile by name.
+    pub fn named(name: &str) -> Option<Self> {
+        [Self::CI, Self::FULL].into_iter().find(|p| p.name == name)
+    }
+
+    fn secs(&self, s: f64) -> Duration {
+        Duration::from_secs_f64(s * self.time)
+    }
+
+    fn rate(&self, base: u32) -> u32 {
+        (f64::from(base) * self.rate).round() as u32
+    }
+}
+
+/// Every scenario name, in run order.
+pub const NAMES: &[&str] = &[
+    "redis-killed-fail-open",
+    "redis-killed-fail-closed",
+    "redis-frozen",
+    "redis-slow",
+    "llm-killed",
+    "llm-hang",
+    "llm-slow",
+    "llm-flapping",
+    "vector-store-down",
+    "replica-killed",
+];
+
+/// The scenario called `name`.
+pub fn by_name(name: &str, profile: &Profile) -> Option<Scenario> {
+    Some(match name {
+        "redis-killed-fail-open" => redis_killed_fail_open(profile),
+        "redis-killed-fail-closed" => redis_killed_fail_closed(profile),
+        "redis-frozen" => redis_frozen(profile, true),
+        "redis-slow" => redis_slow(profile),
+        "llm-killed" => llm_killed(profile),
+        "llm-hang" => llm_hang(profile),
+        "llm-slow" => llm_slow(profile),
+        "llm-flapping" => llm_flapping(profile),
+        "vector-store-down" => vector_store_down(profile),
+        "replica-killed" => replica_killed(profile),
+        _ => return None,
+    })
+}
+
+/// The chat message of most scenarios.
+const HELLO: &str = "Hello";
+/// The chat message of `vector-store-down`: a question for retrieval.
+const PTO: &str = "What is the PTO policy?";
+/// The load's client timeout: above every latency bound the checks assert.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The statuses of a healthy run.
+const ALL_OK: &[u16] = &[200];
+
+/// Bound on Levee's return to Redis after a restart: the breaker's longest
+/// open time (2 s) plus the Redis client's reconnect backoff, which Levee
+/// leaves at the client's default (exponential from 100 ms): 1.7 s when
+/// `redis-killed-fail-closed` runs alone, 4-5.8 s when it runs after
+/// `redis-killed-fail-open` (measured; worth a look in Levee itself).
+const REDIS_RECOVERY: Duration = Duration::from_secs(8);
+
+/// An open-loop load at `rate` (scaled by the profile) for `secs`
+/// (scaled too), sending `message`.
+fn spec(profile: &Profile, rate: u32, secs: f64, message: &str) -> LoadSpec {
+    LoadSpec {
+        rate: profile.rate(rate),
+        duration: profile.secs(secs),
+        timeout: CLIENT_TIMEOUT,
+        message: message.to_owned(),
+    }
+}
+
+/// Redis-backed limits: PUBLIC_IP (all loopback load) at `limit` per
+/// minute, so the window outlasts the run; a consecutive Redis breaker
+/// (3 failures, 500 ms doubling to 2 s, no jitter, 1 probe).
+fn redis_config(limit: usize, replicas: usize, mode: &str, breaker: bool) -> String {
+    format!(
+        r#"
+[ratelimit]
+replicas = {replicas}
+[ratelimit.tiers.PUBLIC_IP]
+limits = [{{ limit = {limit}, window = "1m" }}]
+on_store_failure = "{mode}"
+[resilience.redis]
+attempt_timeout = "50ms"
+deadline = "50ms"
+[resilience.redis.breaker]
+enabled = {breaker}
+policy = "consecutive"
+consecutive_failures = 3
+min_open = "500ms"
+max_open = "2s"
+open_jitter = 0.0
+half_open_probes = 1
+"#
+    )
+}
+
+/// Unlimited traffic and an LLM with one attempt per call; `breaker` is
+/// the `[resilience.llm.breaker]` body.
+fn llm_config(attempt_timeout: &str, breaker: &str) -> String {
+    format!(
+        r#"
+[ratelimit.tiers.PUBLIC_IP]
+limits = [{{ limit = 1000000, window = "1m" }}]
+[resilience.llm]
+attempt_timeout = "{attempt_timeout}"
+deadline = "{attempt_timeout}"
+[resilience.llm.retry]
+max_attempts = 1
+[resilience.llm.breaker]
+{breaker}
+"#
+    )
+}
+
+/// The consecutive LLM breaker of the kill / hang scenarios: 5 failures,
+/// open 1 s doubling to 2 s, one probe.
+const LLM_CONSECUTIVE: &str = r#"policy = "consecutive"
+consecutive_failures = 5
+min_open = "1s"
+max_open = "2s"
+open_jitter = 0.0
+half_open_probes = 1"#;
+
+/// Redis killed at 4 s and restarted at 8 s; 2 replicas fail open.
+pub fn redis_killed_fail_open(p: &Profile) -> Scenario {
+    let (kill, heal, end) = (p.secs(4.0), p.secs(8.0), 18.0);
+    let limit = 200;
+    Scenario {
+        name: "redis-killed-fail-open",
+        summary: "Redis SIGKILLed under 2 replicas failing open: only 200/429, the local safety limit (limit/replicas) holds, exact limits return after restart",
+        replicas: 2,
+        config: redis_config(limit, 2, "fail_open", true),
+        load: spec(p, 150, end, HELLO),
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: kill, action: Action::KillRedis },
+            Step { at: heal, action: Action::RestartRedis },
+        ],
+        fault_window: (kill, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 429], max_timeouts: 0, max_errors: 0 },
+            Check::LocalSafetyLimit { per_replica: limit / 2 },
+            // Levee back on Redis (REDIS_RECOVERY), then 1.3 s to spend the
+            // fresh window of 200 at 150/s.
+            Check::ExactLimitResumes { heal, within: REDIS_RECOVERY + Duration::from_millis(1500), limit },
+        ],
+    }
+}
+
+/// Redis killed at 3 s and restarted at 7 s; the tier fails closed.
+pub fn redis_killed_fail_closed(p: &Profile) -> Scenario {
+    let (kill, heal, end) = (p.secs(3.0), p.secs(7.0), 16.0);
+    Scenario {
+        name: "redis-killed-fail-closed",
+        summary: "Redis SIGKILLed, tier fails closed: 200/429/503 only, every 503 has Retry-After, open-breaker 503s fast, 200s again after restart",
+        replicas: 1,
+        config: redis_config(1_000_000, 1, "fail_closed", true),
+        load: spec(p, 150, end, HELLO),
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: kill, action: Action::KillRedis },
+            Step { at: heal, action: Action::RestartRedis },
+        ],
+        fault_window: (kill, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 429, 503], max_timeouts: 0, max_errors: 0 },
+            Check::RetryAfterOn503,
+            // K = 10: the 3 that trip plus those in flight during one 50 ms
+            // attempt timeout at 150/s; P = 3 probes (open 0.5 s, 1 s, 2 s).
+            // 20 ms, not the 5 ms of the sequential e2e test: open-loop at
+            // 150/s against debug binaries on 2 shared cores measured
+            // 2.4-11.3 ms across runs (p50 1.9 ms; scheduling stalls of the
+            // shared cores, not Redis); a call that waits on Redis takes
+            // the 50 ms attempt timeout, so 20 ms still tells them apart.
+            Check::P99 { from: kill, to: heal, statuses: vec![503], skip: 10, probes: 3, max: ms(20) },
+            Check::Recovers { heal, within: REDIS_RECOVERY, ok: ALL_OK.to_vec() },
+        ],
+    }
+}
+
+/// Redis SIGSTOPped at 3 s and SIGCONTed at 8 s; fail open. With
+/// `breaker = false` the Redis breaker is disabled (`enabled = false`):
+/// the regression the latency assertion exists to catch.
+pub fn redis_frozen(p: &Profile, breaker: bool) -> Scenario {
+    let (freeze, heal, end) = (p.secs(3.0), p.secs(8.0), 12.0);
+    Scenario {
+        name: "redis-frozen",
+        summary: "Redis SIGSTOPped: once the Redis breaker is open, p99 stays low and no answer waits more than one attempt timeout",
+        replicas: 1,
+        config: redis_config(1_000_000, 1, "fail_open", breaker),
+        load: spec(p, 150, end, HELLO),
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: freeze, action: Action::FreezeRedis },
+            Step { at: heal, action: Action::ThawRedis },
+        ],
+        fault_window: (freeze, heal),
+        checks: frozen_checks(freeze, heal),
+    }
+}
+
+/// p99 once open (the first 250 ms of the fault, when calls wait for the
+/// 50 ms attempt timeout and trip the breaker, excluded), worst case, and
+/// recovery.
+fn frozen_checks(from: Duration, heal: Duration) -> Vec<Check> {
+    vec![
+        Check::Statuses {
+            allowed: vec![200],
+            max_timeouts: 0,
+            max_errors: 0,
+        },
+        Check::P99 {
+            from: from + ms(250),
+            to: heal,
+            statuses: vec![],
+            skip: 0,
+            probes: 0,
+            max: ms(30),
+        },
+        Check::MaxLatency {
+            from,
+            to: heal,
+            max: ms(400),
+        },
+        Check::Recovers {
+            heal,
+            within: Duration::from_secs(3),
+            ok: ALL_OK.to_vec(),
+        },
+    ]
+}
+
+/// 150 ms added between levee and Redis (3x the 50 ms attempt timeout).
+pub fn redis_slow(p: &Profile) -> Scenario {
+    let (slow, heal, end) = (p.secs(3.0), p.secs(8.0), 12.0);
+    Scenario {
+        name: "redis-slow",
+        summary: "150 ms added to Redis through the proxy (attempt timeout 50 ms): p99 bounded once the breaker is open",
+        replicas: 1,
+        config: redis_config(1_000_000, 1, "fail_open", true),
+        load: spec(p, 150, end, HELLO),
+        redis_proxy: true,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: slow, action: Action::RedisProxy(ProxyMode::Latency(ms(150))) },
+            Step { at: heal, action: Action::RedisProxy(ProxyMode::Pass) },
+        ],
+        fault_window: (slow, heal),
+        checks: frozen_checks(slow, heal),
+    }
+}
+
+/// The LLM (simulator) SIGKILLed at 3 s, restarted at 7 s.
+pub fn llm_killed(p: &Profile) -> Scenario {
+    let (kill, heal, end) = (p.secs(3.0), p.secs(7.0), 11.0);
+    let rate = p.rate(100);
+    // 5 consecutive failures, plus one per half-open probe (open 1 s, then
+    // 2 s: at most 3 in 4 s), plus calls in flight at the trip (refused
+    // connections fail within ms: a few at this rate).
+    let k = 5 + 3 + 4;
+    Scenario {
+        name: "llm-killed",
+        summary: "LLM SIGKILLed: the breaker opens within K failures, then fast 503s; a restart recovers by itself",
+        replicas: 1,
+        config: llm_config("1s", LLM_CONSECUTIVE),
+        load: LoadSpec { rate, ..spec(p, 100, end, HELLO) },
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: kill, action: Action::KillSim },
+            Step { at: heal, action: Action::RestartSim },
+        ],
+        fault_window: (kill, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 502, 503], max_timeouts: 0, max_errors: 0 },
+            Check::FailuresBeforeOpen { from: kill, to: heal, max: k },
+            // Same reasoning as redis-killed-fail-closed: a call that waits
+            // on the dead LLM takes at least a connect attempt or the 300 ms
+            // attempt timeout; open-breaker 503s measured ~3 ms at p99.
+            Check::P99 { from: kill, to: heal, statuses: vec![503], skip: 0, probes: 0, max: ms(20) },
+            Check::Recovers { heal, within: Duration::from_secs(3), ok: ALL_OK.to_vec() },
+        ],
+    }
+}
+
+/// The LLM hangs from 3 s to 7 s; attempts time out after 300 ms.
+pub fn llm_hang(p: &Profile) -> Scenario {
+    let (hang, heal, end) = (p.secs(3.0), p.secs(7.0), 11.0);
+    let rate = p.rate(100);
+    // Everything sent during the first 300 ms attempt timeout hangs and
+    // fails (rate x 0.3 s), plus the 5 that trip, plus 3 probes, plus 20%.
+    let k = ((f64::from(rate) * 0.3 + 5.0 + 3.0) * 1.2).ceil() as usize;
+    Scenario {
+        name: "llm-hang",
+        summary: "LLM hangs: answers never wait more than the 300 ms attempt timeout (+slack), the breaker opens within K failures, recovery after the hang ends",
+        replicas: 1,
+        config: llm_config("300ms", LLM_CONSECUTIVE),
+        load: LoadSpec { rate, ..spec(p, 100, end, HELLO) },
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: hang, action: Action::SimFaults(json!({"hang": true, "target": "chat"})) },
+            Step { at: heal, action: Action::SimFaults(Value::Null) },
+        ],
+        fault_window: (hang, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 503, 504], max_timeouts: 0, max_errors: 0 },
+            Check::FailuresBeforeOpen { from: hang, to: heal, max: k },
+            Check::MaxLatency { from: hang, to: heal, max: ms(600) },
+            Check::Recovers { heal, within: Duration::from_secs(3), ok: ALL_OK.to_vec() },
+        ],
+    }
+}
+
+/// The LLM answers in 400 ms from 3 s to 8 s; 200 ms is the slow-call
+/// threshold.
+pub fn llm_slow(p: &Profile) -> Scenario {
+    let (slow, heal, end) = (p.secs(3.0), p.secs(8.0), 12.0);
+    Scenario {
+        name: "llm-slow",
+        summary: "LLM answers in 400 ms (slow-call threshold 200 ms): the breaker trips on the slow-call rate within 2.5 s; recovery after",
+        replicas: 1,
+        config: llm_config(
+            "2s",
+            r#"policy = "rate"
+failure_rate = 0.5
+window = "1s"
+min_calls = 10
+slow_call_threshold = "200ms"
+slow_call_rate = 0.5
+min_open = "1s"
+max_open = "2s"
+open_jitter = 0.0
+half_open_probes = 1"#,
+        ),
+        load: spec(p, 100, end, HELLO),
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: slow, action: Action::SimFaults(json!({"latency_ms": 400, "target": "chat"})) },
+            Step { at: heal, action: Action::SimFaults(Value::Null) },
+        ],
+        fault_window: (slow, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 503], max_timeouts: 0, max_errors: 0 },
+            Check::BreakerOpensWithin { from: slow, within: ms(2500) },
+            Check::MaxLatency { from: slow, to: heal, max: ms(1000) },
+            Check::Recovers { heal, within: Duration::from_secs(3), ok: ALL_OK.to_vec() },
+        ],
+    }
+}
+
+/// The LLM fails every call (after 200 ms) from 2 s to 5 s and 7 s to
+/// 10 s, healthy in between: the breaker opens, probes, closes, reopens.
+pub fn llm_flapping(p: &Profile) -> Scenario {
+    let fault =
+        json!({"error_rate": 1.0, "error_status": 500, "latency_ms": 200, "target": "chat"});
+    let (a, b, c, d, end) = (p.secs(2.0), p.secs(5.0), p.secs(7.0), p.secs(10.0), 13.0);
+    Scenario {
+        name: "llm-flapping",
+        summary: "LLM error rate toggling 100%/0%: while open or half-open the LLM sees at most half_open_probes (2) calls at a time; the breaker reopens each flap",
+        replicas: 1,
+        config: llm_config(
+            "1s",
+            r#"policy = "consecutive"
+consecutive_failures = 5
+min_open = "500ms"
+max_open = "500ms"
+open_jitter = 0.0
+half_open_probes = 2"#,
+        ),
+        load: spec(p, 100, end, HELLO),
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: a, action: Action::SimFaults(fault.clone()) },
+            Step { at: b, action: Action::SimFaults(Value::Null) },
+            Step { at: c, action: Action::SimFaults(fault) },
+            Step { at: d, action: Action::SimFaults(Value::Null) },
+        ],
+        fault_window: (a, d),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 502, 503], max_timeouts: 0, max_errors: 0 },
+            Check::ProbesBounded { max_probes: 2, min_opens: 2 },
+            Check::Recovers { heal: d, within: Duration::from_secs(2), ok: ALL_OK.to_vec() },
+        ],
+    }
+}
+
+/// The vector store resets every connection from 3 s to 7 s; retrieval
+/// degrades.
+pub fn vector_store_down(p: &Profile) -> Scenario {
+    let (down, heal, end) = (p.secs(3.0), p.secs(7.0), 11.0);
+    Scenario {
+        name: "vector-store-down",
+        summary: "vector store resets every connection, on_failure = degrade: every answer 200 with metadata.degraded = true, p99 bounded, undegraded after",
+        replicas: 1,
+        config: r#"
+[ratelimit.tiers.PUBLIC_IP]
+limits = [{ limit = 1000000, window = "1m" }]
+[vector_store]
+on_failure = "degrade"
+[resilience.vector_store.retry]
+max_attempts = 1
+[resilience.vector_store.breaker]
+policy = "consecutive"
+consecutive_failures = 3
+min_open = "500ms"
+max_open = "1s"
+open_jitter = 0.0
+half_open_probes = 1
+"#
+        .to_owned(),
+        load: spec(p, 100, end, PTO),
+        redis_proxy: false,
+        vector_proxy: true,
+        schedule: vec![
+            Step { at: down, action: Action::VectorProxy(ProxyMode::Reset) },
+            Step { at: heal, action: Action::VectorProxy(ProxyMode::Pass) },
+        ],
+        fault_window: (down, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200], max_timeouts: 0, max_errors: 0 },
+            Check::AllDegraded { from: down + ms(100), to: heal },
+            Check::P99 { from: down, to: heal, statuses: vec![], skip: 0, probes: 0, max: ms(50) },
+            Check::Recovers { heal, within: Duration::from_secs(2), ok: ALL_OK.to_vec() },
+        ],
+    }
+}
+
+/// 3 replicas on one Redis; replica 2 SIGKILLed at 1 s, a fresh replica
+/// added at 4 s.
+pub fn replica_killed(p: &Profile) -> Scenario {
+    let (kill, heal, end) = (p.secs(1.0), p.secs(4.0), 8.0);
+    let limit = 300;
+    Scenario {
+        name: "replica-killed",
+        summary: "3 replicas share one limit in Redis; one SIGKILLed mid-window, a new one added: total admitted for the key never exceeds the limit",
+        replicas: 3,
+        config: redis_config(limit, 3, "fail_open", true),
+        load: spec(p, 150, end, HELLO),
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: kill, action: Action::KillReplica(2) },
+            Step { at: heal, action: Action::AddReplica },
+        ],
+        fault_window: (kill, heal),
+        checks: vec![
+            Check::Statuses { allowed: vec![200, 429], max_timeouts: 0, max_errors: 5 },
+            Check::SharedLimitExact { limit },
+            Check::Recovers { heal, within: Duration::from_secs(1), ok: vec![429] },
+        ],
+    }
+}

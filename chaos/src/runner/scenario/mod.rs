@@ -1,0 +1,99 @@
+//! The scenarios: each one a config, an open-loop load, a fault schedule
+//! (at t = X s inject, at t = Y s heal) and assertions stated as numbers,
+//! and [`execute`], which runs one against real processes.
+//!
+//! # Layout
+//!
+//! - `catalogue`: [`Profile`], [`NAMES`], [`by_name`] and one constructor
+//!   per scenario, with the config helpers they share.
+//! - `execute`: [`execute`], which starts the processes, drives the load
+//!   and the fault schedule and polls the breaker ([`Binaries`], [`Poll`]).
+//! - `checks`: [`Check`] and its evaluation, one function per kind.
+//!
+//! This file holds the types all three share ([`Scenario`], [`Step`],
+//! [`Action`]); every public item stays reachable as `scenario::Item`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::load::LoadSpec;
+use super::proxy::ProxyMode;
+
+mod catalogue;
+mod checks;
+mod execute;
+
+pub use catalogue::{
+    by_name, llm_flapping, llm_hang, llm_killed, llm_slow, redis_frozen, redis_killed_fail_closed,
+    redis_killed_fail_open, redis_slow, replica_killed, vector_store_down, Profile, NAMES,
+};
+pub use checks::Check;
+pub use execute::{execute, Binaries, Poll};
+
+/// One fault (or heal) action.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// SIGKILL redis-server.
+    KillRedis,
+    /// Start redis-server again on the same port (empty).
+    RestartRedis,
+    /// SIGSTOP redis-server.
+    FreezeRedis,
+    /// SIGCONT redis-server.
+    ThawRedis,
+    /// Set the mode of the proxy in front of Redis.
+    RedisProxy(ProxyMode),
+    /// Set the mode of the proxy in front of the vector store.
+    VectorProxy(ProxyMode),
+    /// SIGKILL the simulator.
+    KillSim,
+    /// Start the simulator again on the same port.
+    RestartSim,
+    /// `POST /_faults` with this body; `null` = `DELETE /_faults`.
+    SimFaults(Value),
+    /// Take replica N out of rotation and SIGKILL it.
+    KillReplica(usize),
+    /// Start a new replica with the same config and add it to rotation.
+    AddReplica,
+}
+
+/// An action at a time from the start of the load.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// When.
+    pub at: Duration,
+    /// What.
+    pub action: Action,
+}
+
+/// A chaos scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Name, as on the command line.
+    pub name: &'static str,
+    /// One line: what breaks and what must hold.
+    pub summary: &'static str,
+    /// Levee replicas.
+    pub replicas: usize,
+    /// Levee's TOML config.
+    pub config: String,
+    /// Load.
+    pub load: LoadSpec,
+    /// Put a fault proxy between levee and Redis.
+    pub redis_proxy: bool,
+    /// Put a fault proxy between levee and the vector store.
+    pub vector_proxy: bool,
+    /// Faults and heals.
+    pub schedule: Vec<Step>,
+    /// The fault window (shaded in the chart).
+    pub fault_window: (Duration, Duration),
+    /// Assertions.
+    pub checks: Vec<Check>,
+}
+
+/// `n` milliseconds: shorthand for the schedules, bounds and timeouts of
+/// every file of this module.
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
