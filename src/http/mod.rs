@@ -18,7 +18,7 @@ mod chat;
 mod error;
 
 pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
-pub use error::{respond, rescue, ApiError, BareStatus, Failure};
+pub use error::{rescue, respond, ApiError, BareStatus, Failure};
 
 use crate::config::Config;
 use crate::health::{DependencyHealth, DependencyState};

@@ -19,12 +19,12 @@ pub mod policy;
 mod service;
 pub mod store;
 
+pub use crate::identity::USER_HEADER;
 pub use config::{
     FailureMode, LimitConfig, NetworkPolicy, RateLimitConfig, RoutePolicy, StoreKind, TenantConfig,
     TierConfig, DEFAULT_ALGORITHM, DEFAULT_KEY_PREFIX, DEFAULT_TENANT_POLICY, TIER_API_KEY,
     TIER_INTERNAL_IP, TIER_PUBLIC_IP,
 };
-pub use crate::identity::USER_HEADER;
 pub use error::{LimiterUnavailable, MissingIdentity, RateLimited};
 pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, Rejection, TokenReservation, X_DEGRADED};

@@ -186,9 +186,7 @@ impl GuardedVectorStore {
         let kind = inner.kind();
         let client = tower::service_fn(move |call: SearchCall| {
             let inner = inner.clone();
-            async move {
-                inner.search(&call.query, call.top_k).await
-            }
+            async move { inner.search(&call.query, call.top_k).await }
         });
         Self {
             kind,

@@ -244,4 +244,3 @@ fn build_limiter(
         Limiter::new(Policy::new(rl.clone()), store).with_metrics(metrics.clone()),
     ))
 }
-

@@ -8,9 +8,9 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 use super::*;
 use crate::resilience::bulkhead::{BulkheadFull, BulkheadLayer};
+use crate::resilience::testing::status;
 use crate::resilience::testing::Recorder;
 use crate::resilience::{BoxError, CallOutcome};
-use crate::resilience::testing::status;
 
 const SEC: Duration = Duration::from_secs(1);
 

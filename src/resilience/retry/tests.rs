@@ -11,8 +11,8 @@ use super::*;
 use crate::resilience::breaker::CircuitOpen;
 use crate::resilience::bulkhead::BulkheadFull;
 use crate::resilience::testing::Recorder;
-use crate::resilience::timeout::{DeadlineExceeded, Elapsed};
 use crate::resilience::testing::{connect as connect_error, status as status_error, TestFailure};
+use crate::resilience::timeout::{DeadlineExceeded, Elapsed};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -173,7 +173,11 @@ async fn client_errors_are_judged_by_their_class_through_the_stack() {
         })
     };
     for _ in 0..5 {
-        let err = stack.wrap(not_found.clone()).oneshot(Req).await.unwrap_err();
+        let err = stack
+            .wrap(not_found.clone())
+            .oneshot(Req)
+            .await
+            .unwrap_err();
         // The caller gets the client's own error back, under its tag.
         let source = Classified::into_source(err);
         assert!(source.is::<TestFailure>(), "{source}");
