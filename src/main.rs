@@ -8,6 +8,12 @@ use levee::config::Config;
 use levee::server;
 use levee::telemetry::{Tracing, TracingConfig, DEFAULT_LOG_FILTER};
 
+/// mimalloc instead of the system allocator: a request makes a few dozen
+/// short-lived allocations across two worker threads, where glibc's
+/// malloc spent about a fifth of the gateway's CPU (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Levee: a resilience gateway for RAG / LLM backends.
 #[derive(Debug, Parser)]
 #[command(name = "levee", version, about)]

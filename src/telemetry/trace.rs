@@ -20,7 +20,7 @@ use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing::Level;
-use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::filter::{self, EnvFilter, FilterExt, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer as _;
@@ -179,29 +179,41 @@ impl Tracing {
     /// context (the exporters keep their connections on it).
     pub fn init(config: &TracingConfig) -> Result<Self, TracingError> {
         let provider = build_provider(config)?;
+        let exporting = config.exporter != Exporter::Disabled;
         let log_filter = EnvFilter::try_new(&config.log_filter)
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+        // With no exporter, nothing consumes spans but the log layer's
+        // context prefix; letting it see them would build every request's
+        // spans (a slab entry, formatted fields, several allocations) for
+        // nothing. The log layer then takes events only, so no layer is
+        // interested in a span and `info_span!` costs a cached interest
+        // check.
+        let events_only = filter::filter_fn(move |meta| exporting || meta.is_event());
         let logs = tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
-            .with_filter(log_filter);
+            .with_filter(log_filter.and(events_only));
         // Spans are Levee's own (target `levee::…`), whatever `LEVEE_LOG`
         // says, and never the HTTP/2 or Redis client internals (which
         // would also trace the exporter's own calls).
-        let spans = tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("levee"))
-            .with_threads(false)
-            .with_filter(Targets::new().with_target("levee", Level::INFO));
-        tracing_subscriber::registry()
-            .with(logs)
-            .with(spans)
-            .try_init()
-            .map_err(|e| TracingError::Subscriber(e.to_string()))?;
+        let registry = tracing_subscriber::registry().with(logs);
+        // Two arms rather than an `Option` layer: an absent layer reports
+        // interest in everything, which would enable every span again.
+        let installed = if exporting {
+            let spans = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("levee"))
+                .with_threads(false)
+                .with_filter(Targets::new().with_target("levee", Level::INFO));
+            registry.with(spans).try_init()
+        } else {
+            registry.try_init()
+        };
+        installed.map_err(|e| TracingError::Subscriber(e.to_string()))?;
         if let Exporter::Otlp { protocol, endpoint } = &config.exporter {
             tracing::info!(?protocol, %endpoint, service = %config.service_name, "exporting traces over OTLP");
         }
         Ok(Self {
             provider,
-            exporting: config.exporter != Exporter::Disabled,
+            exporting,
         })
     }
 
