@@ -354,9 +354,11 @@ async fn dependency_failures_are_502_504_and_503_with_retry_after() {
     );
 
     // Hanging LLM behind its stack: the attempt timeout makes it a 504.
-    let mut policy = DependencyPolicy::default();
-    policy.attempt_timeout = Duration::from_millis(50);
-    policy.deadline = Duration::from_millis(200);
+    let mut policy = DependencyPolicy {
+        attempt_timeout: Duration::from_millis(50),
+        deadline: Duration::from_millis(200),
+        ..DependencyPolicy::default()
+    };
     policy.retry.enabled = false;
     let hang = GuardedLlm::new(Arc::new(FakeLlm(|| None)), &stack(policy.clone()));
     let app = with_llm(&config, Arc::new(hang));
