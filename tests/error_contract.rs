@@ -141,7 +141,7 @@ async fn require_api_key_refuses_anonymous_callers_with_or_without_limits() {
 #[tokio::test]
 async fn require_api_key_paths_guard_only_their_prefix() {
     let mut config = config();
-    config.identity.require_api_key_paths = vec!["/v1/".into()];
+    config.identity.require_api_key_paths = vec!["/v1/*".into()];
     let app = app(&config);
     let (status, _, _) = send(&app, chat(None)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -403,4 +403,17 @@ async fn an_error_nobody_recognises_is_500_internal_and_not_blamed_on_a_dependen
     // The same path answers for any error a handler or layer returns.
     let resp = levee::http::respond(&std::io::Error::other("x"));
     assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[tokio::test]
+async fn probes_and_admin_do_not_read_bearer_tokens_as_api_keys() {
+    let app = app(&config());
+    for path in ["/health", "/ready", "/admin/breakers"] {
+        let req = Request::get(path)
+            .header(header::AUTHORIZATION, "Bearer admin-token")
+            .body(Body::empty())
+            .expect("request");
+        let (status, body, _) = send(&app, req).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    }
 }

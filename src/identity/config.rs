@@ -26,9 +26,15 @@ pub struct IdentityConfig {
     /// Default `false`: anonymous traffic is served under the network
     /// tiers. Unknown or malformed keys are refused whatever this says.
     pub require_api_key: bool,
-    /// Path prefixes that need an API key even while `require_api_key` is
-    /// `false` (e.g. `["/v1/"]`). Default: none.
+    /// Paths that need an API key even while `require_api_key` is `false`:
+    /// exact, or a prefix ending in `*` (e.g. `["/v1/*"]`). Default: none.
     pub require_api_key_paths: Vec<String>,
+    /// Paths where the key headers are not read at all, because their
+    /// credentials are not API keys: the probes, the scrape endpoint (a
+    /// Prometheus bearer token is not a key) and the admin API (its own
+    /// token). Same syntax. Default `/health`, `/ready`, `/metrics`,
+    /// `/admin/*`.
+    pub keyless_paths: Vec<String>,
 }
 
 /// One registered API key.
@@ -58,6 +64,9 @@ impl Default for IdentityConfig {
             api_keys: Vec::new(),
             require_api_key: false,
             require_api_key_paths: Vec::new(),
+            keyless_paths: ["/health", "/ready", "/metrics", "/admin/*"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 }
@@ -81,13 +90,18 @@ impl IdentityConfig {
                 "must be between 1 and 128",
             ));
         }
-        for (i, p) in self.require_api_key_paths.iter().enumerate() {
-            if !p.starts_with('/') {
-                return Err(ConfigError::invalid(
-                    format!("identity.require_api_key_paths[{i}]"),
-                    format!("{p:?}"),
-                    "must be a path prefix starting with '/'",
-                ));
+        for (name, paths) in [
+            ("require_api_key_paths", &self.require_api_key_paths),
+            ("keyless_paths", &self.keyless_paths),
+        ] {
+            for (i, p) in paths.iter().enumerate() {
+                if !p.starts_with('/') {
+                    return Err(ConfigError::invalid(
+                        format!("identity.{name}[{i}]"),
+                        format!("{p:?}"),
+                        "must be a path starting with '/' (a trailing '*' makes it a prefix)",
+                    ));
+                }
             }
         }
         let mut seen_ids = std::collections::HashSet::new();

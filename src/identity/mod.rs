@@ -129,6 +129,7 @@ pub struct Resolver {
     keys: HashMap<[u8; 32], Arc<KeyInfo>>,
     require_key: bool,
     require_key_paths: Vec<String>,
+    keyless_paths: Vec<String>,
 }
 
 impl Resolver {
@@ -156,6 +157,7 @@ impl Resolver {
             keys,
             require_key: config.require_api_key,
             require_key_paths: config.require_api_key_paths.clone(),
+            keyless_paths: config.keyless_paths.clone(),
         }
     }
 
@@ -171,6 +173,11 @@ impl Resolver {
     ) -> Result<Identity, Refused> {
         let (client_ip, network) = self.network(peer, headers).map_err(Refused::Network)?;
         let mut identity = Identity::anonymous(client_ip, network);
+        if self.keyless_paths.iter().any(|p| path_matches(p, path)) {
+            // Probes, the scrape endpoint and the admin API (which checks
+            // its own bearer token): their credentials are not API keys.
+            return Ok(identity);
+        }
         match self.key(headers) {
             Ok(Some(key)) => identity.key = Some(key),
             Ok(None) if self.requires_key(path) => {
@@ -192,7 +199,7 @@ impl Resolver {
 
     /// Whether a request to `path` must present a key.
     fn requires_key(&self, path: &str) -> bool {
-        self.require_key || self.require_key_paths.iter().any(|p| path.starts_with(p))
+        self.require_key || self.require_key_paths.iter().any(|p| path_matches(p, path))
     }
 
     /// The client's grouped IP and network class. Used on its own for
@@ -254,6 +261,15 @@ pub fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, IdentityError>
         return Ok(Some(token.trim()));
     }
     Ok(None)
+}
+
+/// Whether `path` matches `pattern`: exactly, or by prefix when the
+/// pattern ends in `*` (`/admin/*`).
+pub fn path_matches(pattern: &str, path: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => pattern == path,
+    }
 }
 
 /// Masks IPv6 clients to their prefix (one /64 is one subscriber, who can

@@ -131,3 +131,148 @@ fn keys_are_found_by_hash_from_either_header() {
         Err(IdentityError::MalformedKey(_))
     ));
 }
+
+mod layer {
+    //! The layer against `tower_test::mock`: readiness, what reaches the
+    //! inner service, and refusals that never do.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::extract::ConnectInfo;
+    use http::{Request, Response};
+    use std::task::Poll;
+    use tower::{BoxError, Layer, Service};
+    use tower_test::mock;
+
+    use super::super::*;
+
+    fn layer(require: bool) -> IdentityLayer {
+        let mut config = IdentityConfig {
+            require_api_key: require,
+            ..IdentityConfig::default()
+        };
+        config.api_keys.push(ApiKeyConfig {
+            id: "partner".into(),
+            sha256: hash_key("partner_key_123"),
+            tenant: "acme".into(),
+            tier: "API_KEY".into(),
+        });
+        IdentityLayer::new(Arc::new(Resolver::new(&config)))
+    }
+
+    fn request(key: Option<&str>) -> Request<()> {
+        let mut req = Request::get("/v1/chat").body(()).unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([203, 0, 113, 9], 1))));
+        if let Some(k) = key {
+            req.headers_mut().insert("x-api-key", k.parse().unwrap());
+        }
+        req
+    }
+
+    #[tokio::test]
+    async fn readiness_is_the_inner_services_and_wakes_with_it() {
+        let (mut svc, mut handle) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer(false));
+        handle.allow(0);
+        assert!(matches!(svc.poll_ready(), Poll::Pending));
+        handle.allow(1);
+        assert!(
+            svc.is_woken(),
+            "the inner service's readiness wakes the caller"
+        );
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+    }
+
+    #[tokio::test]
+    async fn an_admitted_request_reaches_the_inner_service_with_its_identity() {
+        let (mut svc, mut handle) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer(false));
+        handle.allow(1);
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+        let fut = svc.call(request(Some("partner_key_123")));
+        let (req, send) = handle.next_request().await.expect("forwarded");
+        let identity = req
+            .extensions()
+            .get::<Identity>()
+            .expect("identity extension");
+        assert_eq!(identity.tenant(), Some("acme"));
+        assert_eq!(identity.client_ip, IpAddr::from([203, 0, 113, 9]));
+        send.send_response(Response::new(()));
+        fut.await.expect("answered");
+    }
+
+    #[tokio::test]
+    async fn unknown_malformed_and_missing_keys_never_reach_the_inner_service() {
+        for (require, key, expected) in [
+            (false, Some("nonsense"), IdentityError::UnknownKey),
+            (
+                false,
+                Some("   "),
+                IdentityError::MalformedKey("X-API-Key is empty"),
+            ),
+            (true, None, IdentityError::KeyRequired),
+        ] {
+            let (mut svc, mut handle) =
+                mock::spawn_layer::<Request<()>, Response<()>, _>(layer(require));
+            handle.allow(1);
+            assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+            let err: BoxError = svc.call(request(key)).await.expect_err("refused");
+            assert_eq!(err.downcast_ref::<IdentityError>(), Some(&expected));
+            drop(svc);
+            assert!(handle.next_request().await.is_none(), "{key:?}");
+        }
+    }
+
+    /// Counts consultations, and answers a fixed error.
+    struct Counting(AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl OnRefusal for Counting {
+        async fn refused(&self, identity: Identity, error: IdentityError) -> BoxError {
+            assert!(
+                identity.key.is_none(),
+                "the hook sees the caller without a key"
+            );
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::new(error)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_key_consults_the_hook_once_and_an_accepted_one_never() {
+        let hook = Arc::new(Counting(AtomicUsize::new(0)));
+        let layer = layer(false).with_refusal_hook(hook.clone());
+        let (svc, mut handle) = mock::pair::<Request<()>, Response<()>>();
+        let mut svc = layer.layer(svc);
+        handle.allow(2);
+        let err = tower::ServiceExt::ready(&mut svc)
+            .await
+            .unwrap()
+            .call(request(Some("nonsense")))
+            .await
+            .expect_err("refused");
+        assert!(err.is::<IdentityError>());
+        assert_eq!(hook.0.load(Ordering::SeqCst), 1);
+        let fut = tower::ServiceExt::ready(&mut svc)
+            .await
+            .unwrap()
+            .call(request(None));
+        let (_, send) = handle.next_request().await.expect("anonymous is served");
+        send.send_response(Response::new(()));
+        fut.await.unwrap();
+        assert_eq!(hook.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_request_leaves_nothing_behind_in_the_inner_service() {
+        let (mut svc, mut handle) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer(false));
+        handle.allow(1);
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+        let fut = svc.call(request(None));
+        let (_, send) = handle.next_request().await.expect("forwarded");
+        drop(fut);
+        // The client went away: the inner call's response has nobody to
+        // go to, and sending it does not panic or block.
+        send.send_response(Response::new(()));
+    }
+}

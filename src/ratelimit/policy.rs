@@ -91,12 +91,7 @@ fn specificity(r: &RoutePolicy) -> (u8, bool) {
     (level, !r.route.ends_with('*'))
 }
 
-fn route_matches(pattern: &str, path: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => path.starts_with(prefix),
-        None => pattern == path,
-    }
-}
+use crate::identity::path_matches as route_matches;
 
 impl Policy {
     /// Compiles validated config.

@@ -44,14 +44,10 @@ pub type ResponseFuture<E> = Pin<Box<dyn Future<Output = Result<Response, E>> + 
 /// declared empty here (a span only records fields it declared).
 fn request_span(req: &Request<Body>, route: Option<&str>) -> tracing::Span {
     let method = method_label(req.method());
-    let name = match route {
-        Some(r) => format!("{method} {r}"),
-        None => method.to_owned(),
-    };
     let span = tracing::info_span!(
         target: "levee::http",
         "request",
-        otel.name = %name,
+        otel.name = Empty,
         otel.kind = "server",
         otel.status_code = Empty,
         http.request.method = method,
@@ -66,8 +62,17 @@ fn request_span(req: &Request<Body>, route: Option<&str>) -> tracing::Span {
         levee.ratelimit.tier = Empty,
         levee.ratelimit.scope = Empty,
     );
-    if let Some(r) = route {
-        span.record("http.route", r);
+    if span.is_disabled() {
+        return span;
+    }
+    match route {
+        Some(r) => {
+            span.record("otel.name", format!("{method} {r}"));
+            span.record("http.route", r);
+        }
+        None => {
+            span.record("otel.name", method);
+        }
     }
     if let Some(peer) = req.extensions().get::<ConnectInfo<SocketAddr>>() {
         span.record("client.address", peer.0.ip().to_string());
@@ -102,43 +107,44 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let metrics = self.metrics.clone();
-        let route = req
-            .extensions()
-            .get::<MatchedPath>()
-            .map(|m| m.as_str().to_owned());
+        // A matched path is shared (`Arc<str>`): cloning it copies nothing.
+        let route = req.extensions().get::<MatchedPath>().cloned();
         let method = req.method().clone();
-        let span = request_span(&req, route.as_deref());
+        let span = request_span(&req, route.as_ref().map(MatchedPath::as_str));
         let start = Instant::now();
         let record_span = span.clone();
-        Box::pin(
-            async move {
-                let result = inner.call(req).await;
-                // An inner error never happens with axum (Infallible), but
-                // would be a 500 to the client.
-                let (status, tier) = match &result {
-                    Ok(resp) => (
-                        resp.status().as_u16(),
-                        resp.headers()
-                            .get(TIER_HEADER)
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_owned),
-                    ),
-                    Err(_) => (500, None),
-                };
-                record_span.record("http.response.status_code", i64::from(status));
-                if status >= 500 {
-                    record_span.record("otel.status_code", "error");
-                }
-                metrics.observe_request(
-                    route.as_deref().unwrap_or(UNMATCHED_ROUTE),
-                    &method,
-                    status,
-                    tier.as_deref(),
-                    start.elapsed(),
-                );
-                result
+        let unspanned = span
+            .is_disabled()
+            .then(|| propagation::Unspanned::from_headers(req.headers()));
+        let fut = async move {
+            let result = inner.call(req).await;
+            // An inner error never happens with axum (Infallible), but
+            // would be a 500 to the client.
+            let (status, tier) = match &result {
+                Ok(resp) => (
+                    resp.status().as_u16(),
+                    resp.headers().get(TIER_HEADER).cloned(),
+                ),
+                Err(_) => (500, None),
+            };
+            record_span.record("http.response.status_code", i64::from(status));
+            if status >= 500 {
+                record_span.record("otel.status_code", "error");
             }
-            .instrument(span),
-        )
+            metrics.observe_request(
+                route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
+                &method,
+                status,
+                tier.as_ref().and_then(|v| v.to_str().ok()),
+                start.elapsed(),
+            );
+            result
+        };
+        match unspanned {
+            // No exporter, so no span: upstream calls still carry the
+            // client's trace id.
+            Some(trace) => Box::pin(propagation::scope(trace, fut)),
+            None => Box::pin(fut.instrument(span)),
+        }
     }
 }
