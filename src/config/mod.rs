@@ -330,83 +330,18 @@ impl Config {
     }
 
     /// Checks every field; the error names the key and the bad value.
+    ///
+    /// Sections are checked in a fixed order and the first error wins, so
+    /// the order below is part of the behaviour.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.server.listen_addr()?;
-        check(
-            self.server.max_body_bytes >= 1024,
-            "server.max_body_bytes",
-            self.server.max_body_bytes,
-            "must be at least 1024",
-        )?;
-        check(
-            self.server.max_message_bytes >= 1
-                && self.server.max_message_bytes <= self.server.max_body_bytes,
-            "server.max_message_bytes",
-            self.server.max_message_bytes,
-            "must be between 1 and server.max_body_bytes",
-        )?;
-        check_url("llm.url", &self.llm.url)?;
-        check(
-            !self.llm.model.trim().is_empty(),
-            "llm.model",
-            &self.llm.model,
-            "must not be empty",
-        )?;
-        check_positive("llm.connect_timeout", self.llm.connect_timeout)?;
-        check(
-            self.llm.max_tokens > 0,
-            "llm.max_tokens",
-            self.llm.max_tokens,
-            "must be positive",
-        )?;
-        self.validate_vector_store()?;
-        check(
-            self.memory.max_turns >= 2,
-            "memory.max_turns",
-            self.memory.max_turns,
-            "must be at least 2 (one question and its answer)",
-        )?;
-        check(
-            self.memory.max_bytes >= 256,
-            "memory.max_bytes",
-            self.memory.max_bytes,
-            "must be at least 256",
-        )?;
-        check(
-            self.memory.ttl >= Duration::from_secs(1),
-            "memory.ttl",
-            humantime::format_duration(self.memory.ttl),
-            "must be at least 1s (Redis expiry has second resolution)",
-        )?;
-        check(
-            self.memory.max_threads > 0,
-            "memory.max_threads",
-            self.memory.max_threads,
-            "must be positive",
-        )?;
-        for (i, rule) in self.router.rules.iter().enumerate() {
-            let ok =
-                !rule.keywords.is_empty() && rule.keywords.iter().all(|k| !k.trim().is_empty());
-            check(
-                ok,
-                &format!("router.rules[{i}].keywords"),
-                format!("{:?}", rule.keywords),
-                "must be a non-empty list of non-empty words",
-            )?;
-        }
-        if !self.redis.url.is_empty() {
-            redis::Client::open(self.redis.url.as_str()).map_err(|e| {
-                ConfigError::invalid("redis.url", redact_url(&self.redis.url), e.to_string())
-            })?;
-        }
-        check_url("llm.secondary_url", &self.llm.secondary_url)?;
-        if !self.llm.secondary_url.is_empty() && self.llm.url.is_empty() {
-            return Err(ConfigError::invalid(
-                "llm.secondary_url",
-                redact_url(&self.llm.secondary_url),
-                "a secondary LLM needs a primary: set llm.url",
-            ));
-        }
+        self.server.validate()?;
+        self.llm.validate()?;
+        self.vector_store.validate()?;
+        self.validate_qdrant_embeddings()?;
+        self.memory.validate()?;
+        self.router.validate()?;
+        self.redis.validate()?;
+        self.llm.validate_secondary()?;
         self.resilience.llm.validate("resilience.llm")?;
         self.resilience
             .vector_store
@@ -417,27 +352,10 @@ impl Config {
         Ok(())
     }
 
-    fn validate_vector_store(&self) -> Result<(), ConfigError> {
-        let vs = &self.vector_store;
-        check_url("vector_store.url", &vs.url)?;
-        check_url("vector_store.embeddings_url", &vs.embeddings_url)?;
-        check(
-            (1..=50).contains(&vs.top_k),
-            "vector_store.top_k",
-            vs.top_k,
-            "must be between 1 and 50",
-        )?;
-        check(
-            !vs.collection.is_empty()
-                && vs
-                    .collection
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
-            "vector_store.collection",
-            &vs.collection,
-            "must be non-empty and use only letters, digits, '_' and '-'",
-        )?;
-        if !vs.url.is_empty() && self.embeddings_url().is_empty() {
+    /// Cross-section: a Qdrant store needs somewhere to embed queries, which
+    /// may come from `llm.url`.
+    fn validate_qdrant_embeddings(&self) -> Result<(), ConfigError> {
+        if !self.vector_store.url.is_empty() && self.embeddings_url().is_empty() {
             return Err(ConfigError::invalid(
                 "vector_store.embeddings_url",
                 "\"\"",
@@ -458,6 +376,23 @@ impl Config {
 }
 
 impl ServerConfig {
+    /// Checks `server.*`: a parseable listen address and sane size limits.
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.listen_addr()?;
+        check(
+            self.max_body_bytes >= 1024,
+            "server.max_body_bytes",
+            self.max_body_bytes,
+            "must be at least 1024",
+        )?;
+        check(
+            self.max_message_bytes >= 1 && self.max_message_bytes <= self.max_body_bytes,
+            "server.max_message_bytes",
+            self.max_message_bytes,
+            "must be between 1 and server.max_body_bytes",
+        )
+    }
+
     /// The parsed listen address.
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         self.listen.parse().map_err(|_| {
@@ -467,6 +402,124 @@ impl ServerConfig {
                 "not a socket address (expected e.g. 127.0.0.1:8080)",
             )
         })
+    }
+}
+
+impl LlmConfig {
+    /// Checks the primary `llm.*` keys (the secondary is checked later, by
+    /// [`LlmConfig::validate_secondary`], to keep the first-error order).
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_url("llm.url", &self.url)?;
+        check(
+            !self.model.trim().is_empty(),
+            "llm.model",
+            &self.model,
+            "must not be empty",
+        )?;
+        check_positive("llm.connect_timeout", self.connect_timeout)?;
+        check(
+            self.max_tokens > 0,
+            "llm.max_tokens",
+            self.max_tokens,
+            "must be positive",
+        )
+    }
+
+    /// Checks `llm.secondary_url`: a valid URL, and only alongside a primary.
+    fn validate_secondary(&self) -> Result<(), ConfigError> {
+        check_url("llm.secondary_url", &self.secondary_url)?;
+        if !self.secondary_url.is_empty() && self.url.is_empty() {
+            return Err(ConfigError::invalid(
+                "llm.secondary_url",
+                redact_url(&self.secondary_url),
+                "a secondary LLM needs a primary: set llm.url",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl VectorStoreConfig {
+    /// Checks `vector_store.*` on its own (the embeddings endpoint, which may
+    /// come from `llm.url`, is checked by `Config`).
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_url("vector_store.url", &self.url)?;
+        check_url("vector_store.embeddings_url", &self.embeddings_url)?;
+        check(
+            (1..=50).contains(&self.top_k),
+            "vector_store.top_k",
+            self.top_k,
+            "must be between 1 and 50",
+        )?;
+        check(
+            !self.collection.is_empty()
+                && self
+                    .collection
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+            "vector_store.collection",
+            &self.collection,
+            "must be non-empty and use only letters, digits, '_' and '-'",
+        )
+    }
+}
+
+impl MemoryConfig {
+    /// Checks `memory.*`: bounds large enough to hold one exchange.
+    fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            self.max_turns >= 2,
+            "memory.max_turns",
+            self.max_turns,
+            "must be at least 2 (one question and its answer)",
+        )?;
+        check(
+            self.max_bytes >= 256,
+            "memory.max_bytes",
+            self.max_bytes,
+            "must be at least 256",
+        )?;
+        check(
+            self.ttl >= Duration::from_secs(1),
+            "memory.ttl",
+            humantime::format_duration(self.ttl),
+            "must be at least 1s (Redis expiry has second resolution)",
+        )?;
+        check(
+            self.max_threads > 0,
+            "memory.max_threads",
+            self.max_threads,
+            "must be positive",
+        )
+    }
+}
+
+impl RouterConfig {
+    /// Checks `router.rules[*]`: every rule has at least one real keyword.
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            let ok =
+                !rule.keywords.is_empty() && rule.keywords.iter().all(|k| !k.trim().is_empty());
+            check(
+                ok,
+                &format!("router.rules[{i}].keywords"),
+                format!("{:?}", rule.keywords),
+                "must be a non-empty list of non-empty words",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl RedisConfig {
+    /// Checks `redis.url`, when set, is one the Redis client accepts.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.url.is_empty() {
+            redis::Client::open(self.url.as_str()).map_err(|e| {
+                ConfigError::invalid("redis.url", redact_url(&self.url), e.to_string())
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::MemoryConfig;
-use crate::telemetry::{client, Metrics};
+use crate::telemetry::client;
+use crate::upstream::UpstreamMetrics;
 use crate::upstream::{Dependency, Turn, UpstreamError, UpstreamErrorKind};
 
 /// Identifies a conversation. Threads belong to a (tenant, user) pair, so
@@ -128,7 +129,7 @@ pub struct RedisMemory {
     conn: ConnectionManager,
     caps: MemoryConfig,
     timeout: Duration,
-    metrics: Option<Metrics>,
+    metrics: Option<UpstreamMetrics>,
 }
 
 impl std::fmt::Debug for RedisMemory {
@@ -150,7 +151,7 @@ impl RedisMemory {
 
     /// Records each command's latency into `metrics`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+    pub fn with_metrics(mut self, metrics: UpstreamMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -169,7 +170,7 @@ impl RedisMemory {
         let start = Instant::now();
         let result = self.run_inner(cmd).instrument(span.clone()).await;
         span.in_scope(|| {
-            client::finish(
+            crate::upstream::trace::finish(
                 self.metrics.as_ref(),
                 Dependency::Redis,
                 start.elapsed(),

@@ -20,10 +20,10 @@ pub use router::{retrieval_query, IntentRouter};
 use crate::config::{RetrievalFallback, Route};
 use crate::health::DependencyHealth;
 use crate::telemetry::client::int;
-use crate::telemetry::{Metrics, TokenKind};
 use crate::upstream::{
-    Completion, Dependency, Llm, Passage, Role, Turn, UpstreamError, Usage, VectorStore,
+    Answer, Completion, Dependency, Llm, Passage, Role, Turn, UpstreamError, Usage, VectorStore,
 };
+use crate::upstream::{TokenKind, UpstreamMetrics};
 
 /// Tenant used when a request names none.
 pub const DEFAULT_TENANT: &str = "default";
@@ -125,7 +125,7 @@ pub struct Pipeline {
     memory: Arc<dyn ConversationStore>,
     top_k: usize,
     health: Arc<DependencyHealth>,
-    metrics: Option<Metrics>,
+    metrics: Option<UpstreamMetrics>,
     retrieval_fallback: RetrievalFallback,
 }
 
@@ -170,7 +170,7 @@ impl Pipeline {
 
     /// Counts LLM tokens per tenant into `metrics`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+    pub fn with_metrics(mut self, metrics: UpstreamMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -231,76 +231,135 @@ impl Pipeline {
 
     /// Answers one validated request.
     pub async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, UpstreamError> {
-        let key = ThreadKey {
+        let key = Self::thread_key(req);
+        // Fail fast: if the LLM's breaker is open, spend nothing on memory
+        // or retrieval for an answer that cannot be synthesized.
+        self.synthesizer.available()?;
+        let history = self.load_history(&key).await;
+        let mut degraded = history.is_none();
+        let history = history.unwrap_or_default();
+        let mut agents_used = vec!["router".to_owned()];
+        let route = self.route(&req.message);
+        let passages = match route {
+            Route::Retrieve => match self.retrieve(&req.message, &history).await? {
+                Some(p) => {
+                    agents_used.push("retriever".to_owned());
+                    p
+                }
+                None => {
+                    degraded = true;
+                    Vec::new()
+                }
+            },
+            Route::Direct => Vec::new(),
+        };
+        agents_used.push("synthesizer".to_owned());
+        let answer = self
+            .synthesize(&key.tenant, &req.message, &passages, &history)
+            .await?;
+        if !self.remember(&key, &req.message, &answer.text).await {
+            degraded = true;
+        }
+        let metadata = ChatMetadata {
+            agents_used,
+            user_id: req.user_id.clone(),
+            sources: passages.iter().map(Source::from).collect(),
+            degraded,
+            route,
+            history_turns: history.len(),
+            usage: answer.usage.into(),
+        };
+        Ok(Self::respond(req, answer, metadata))
+    }
+
+    /// Names the conversation memory slot, defaulting the tenant.
+    fn thread_key(req: &ChatRequest) -> ThreadKey {
+        ThreadKey {
             tenant: req
                 .tenant_id
                 .clone()
                 .unwrap_or_else(|| DEFAULT_TENANT.to_owned()),
             user: req.user_id.clone(),
             thread: req.thread_id.clone(),
-        };
-        // Fail fast: if the LLM's breaker is open, spend nothing on memory
-        // or retrieval for an answer that cannot be synthesized.
-        self.synthesizer.available()?;
-        let mut degraded = false;
+        }
+    }
+
+    /// Loads the thread's history; `None` when memory is unavailable.
+    async fn load_history(&self, key: &ThreadKey) -> Option<Vec<Turn>> {
         // Memory is a convenience: without it the question is still answered.
-        let history = match self.observe(Dependency::Redis, self.memory.load(&key).await) {
-            Ok(h) => h,
+        match self.observe(Dependency::Redis, self.memory.load(key).await) {
+            Ok(h) => Some(h),
             Err(e) => {
                 tracing::warn!(error = %e, "conversation memory unavailable; answering without history");
-                degraded = true;
-                Vec::new()
+                None
             }
-        };
-        let mut agents_used = vec!["router".to_owned()];
+        }
+    }
+
+    /// Runs the router stage inside its span and logs the decision.
+    fn route(&self, message: &str) -> Route {
         let (route, rule) = Self::stage_span("router").in_scope(|| {
-            let (route, rule) = self.router.route(&req.message);
+            let (route, rule) = self.router.route(message);
             let span = tracing::Span::current();
             span.record("levee.rag.route", format!("{route:?}").to_lowercase());
             span.record("levee.rag.rule", rule);
             (route, rule)
         });
         tracing::debug!(?route, rule, "routed");
+        route
+    }
 
-        let passages = match route {
-            Route::Retrieve => {
-                agents_used.push("retriever".to_owned());
-                let previous = history
-                    .iter()
-                    .rev()
-                    .find(|t| t.role == Role::User)
-                    .map(|t| t.content.as_str());
-                let query = retrieval_query(&req.message, previous);
-                let span = Self::stage_span("retrieval");
-                let found = self
-                    .retriever
-                    .search(&query, self.top_k)
-                    .instrument(span.clone())
-                    .await;
-                Self::mark_failed(&span, &found);
-                if let Ok(p) = &found {
-                    span.record("levee.rag.passages", int(p.len()));
-                }
-                match self.observe(Dependency::VectorStore, found) {
-                    Ok(p) => p,
-                    // Degrade: answer without retrieval, and say so.
-                    Err(e) if self.retrieval_fallback == RetrievalFallback::Degrade => {
-                        tracing::warn!(error = %e, "retrieval failed; answering without it");
-                        agents_used.retain(|a| a != "retriever");
-                        degraded = true;
-                        Vec::new()
-                    }
-                    Err(e) => return Err(e),
-                }
+    /// Retrieves passages for the question; `Ok(None)` when retrieval failed
+    /// and `vector_store.on_failure = degrade` says to answer without it.
+    async fn retrieve(
+        &self,
+        message: &str,
+        history: &[Turn],
+    ) -> Result<Option<Vec<Passage>>, UpstreamError> {
+        let previous = history
+            .iter()
+            .rev()
+            .find(|t| t.role == Role::User)
+            .map(|t| t.content.as_str());
+        let query = retrieval_query(message, previous);
+        match self.observe(Dependency::VectorStore, self.search(&query).await) {
+            Ok(p) => Ok(Some(p)),
+            // Degrade: answer without retrieval, and say so.
+            Err(e) if self.retrieval_fallback == RetrievalFallback::Degrade => {
+                tracing::warn!(error = %e, "retrieval failed; answering without it");
+                Ok(None)
             }
-            Route::Direct => Vec::new(),
-        };
+            Err(e) => Err(e),
+        }
+    }
 
-        agents_used.push("synthesizer".to_owned());
+    /// Calls the vector store inside the retrieval span.
+    async fn search(&self, query: &str) -> Result<Vec<Passage>, UpstreamError> {
+        let span = Self::stage_span("retrieval");
+        let found = self
+            .retriever
+            .search(query, self.top_k)
+            .instrument(span.clone())
+            .await;
+        Self::mark_failed(&span, &found);
+        if let Ok(p) = &found {
+            span.record("levee.rag.passages", int(p.len()));
+        }
+        found
+    }
+
+    /// Runs the synthesizer inside its span, counting tokens for the tenant.
+    async fn synthesize(
+        &self,
+        tenant: &str,
+        question: &str,
+        passages: &[Passage],
+        history: &[Turn],
+    ) -> Result<Answer, UpstreamError> {
         let answer = self.synthesizer.complete(Completion {
-            question: &req.message,
-            passages: &passages,
-            history: &history,
+            question,
+            passages,
+            history,
         });
         let span = Self::stage_span("synthesis");
         span.record("levee.rag.passages", int(passages.len()));
@@ -310,44 +369,45 @@ impl Pipeline {
         if let Ok(a) = &answer {
             span.record("gen_ai.usage.input_tokens", int(a.usage.prompt_tokens));
             span.record("gen_ai.usage.output_tokens", int(a.usage.completion_tokens));
-            if let Some(m) = &self.metrics {
-                m.add_tokens(&key.tenant, TokenKind::Prompt, a.usage.prompt_tokens);
-                m.add_tokens(
-                    &key.tenant,
-                    TokenKind::Completion,
-                    a.usage.completion_tokens,
-                );
-            }
+            self.count_tokens(tenant, a.usage);
         }
-        let answer = self.observe(Dependency::Llm, answer)?;
+        self.observe(Dependency::Llm, answer)
+    }
 
+    /// Adds the synthesizer's token usage to the per-tenant metrics, if any.
+    fn count_tokens(&self, tenant: &str, usage: Usage) {
+        if let Some(m) = &self.metrics {
+            m.add_tokens(tenant, TokenKind::Prompt, usage.prompt_tokens);
+            m.add_tokens(tenant, TokenKind::Completion, usage.completion_tokens);
+        }
+    }
+
+    /// Appends the question and answer to the thread; `false` when memory is
+    /// unavailable and the turn was not remembered.
+    async fn remember(&self, key: &ThreadKey, question: &str, answer: &str) -> bool {
         let turns = [
             Turn {
                 role: Role::User,
-                content: req.message.clone(),
+                content: question.to_owned(),
             },
             Turn {
                 role: Role::Assistant,
-                content: answer.text.clone(),
+                content: answer.to_owned(),
             },
         ];
-        if let Err(e) = self.observe(Dependency::Redis, self.memory.append(&key, &turns).await) {
+        if let Err(e) = self.observe(Dependency::Redis, self.memory.append(key, &turns).await) {
             tracing::warn!(error = %e, "conversation memory unavailable; turn not remembered");
-            degraded = true;
+            return false;
         }
+        true
+    }
 
-        Ok(ChatResponse {
+    /// Assembles the wire response from the answer and how it was made.
+    fn respond(req: &ChatRequest, answer: Answer, metadata: ChatMetadata) -> ChatResponse {
+        ChatResponse {
             response: answer.text,
             thread_id: req.thread_id.clone(),
-            metadata: ChatMetadata {
-                agents_used,
-                user_id: req.user_id.clone(),
-                sources: passages.iter().map(Source::from).collect(),
-                degraded,
-                route,
-                history_turns: history.len(),
-                usage: answer.usage.into(),
-            },
-        })
+            metadata,
+        }
     }
 }

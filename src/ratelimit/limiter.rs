@@ -14,10 +14,12 @@ use tracing::Instrument;
 use super::config::FailureMode;
 use super::error::{LimiterUnavailable, RateLimited};
 use super::headers;
+use super::metrics::{RateLimitDecision, RateLimitMetrics};
+use super::policy::Layer;
 use super::policy::{Applied, Policy};
 use super::store::{Decision, LimitSpec, LimitStore, MemoryStore};
 use crate::identity::{Identity, IdentityError, OnRefusal};
-use crate::telemetry::{Metrics, RateLimitDecision};
+use crate::telemetry::Metrics;
 
 /// A refused request: why, and the headers to send with the refusal. Its
 /// [`source`](std::error::Error::source) is the reason, so the one error
@@ -82,7 +84,7 @@ pub struct Limiter {
     instance: u64,
     seq: AtomicU64,
     /// Decision and store metrics (none in unit tests and benches).
-    metrics: Option<Metrics>,
+    metrics: Option<RateLimitMetrics>,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -117,9 +119,8 @@ impl Limiter {
 
     /// Records decisions and store latency into `metrics`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        metrics.register_store(self.store.kind());
-        self.metrics = Some(metrics);
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
+        self.metrics = Some(RateLimitMetrics::register(metrics, self.store.kind()));
         self
     }
 
@@ -210,7 +211,7 @@ impl Limiter {
             elapsed.as_secs_f64() * 1000.0,
         );
         if let Some(m) = &self.metrics {
-            m.observe_store(self.store.kind(), elapsed, ok);
+            m.observe_store(elapsed, ok);
         }
     }
 
@@ -218,7 +219,7 @@ impl Limiter {
     /// limits — and records the deciding limit on the current span.
     /// `None` means the store was down and a tier fails closed.
     fn record(&self, applied: &[Applied], checked: Option<&Checked>) {
-        let mut per_layer: Vec<(&'static str, &str, RateLimitDecision)> = Vec::new();
+        let mut per_layer: Vec<(Layer, &str, RateLimitDecision)> = Vec::new();
         for (i, a) in applied.iter().enumerate() {
             let d = match checked.map(|c| (c.decision.states.get(i), c.degraded)) {
                 None => RateLimitDecision::FailClosed,
@@ -229,7 +230,7 @@ impl Limiter {
                 Some((_, true)) => RateLimitDecision::FailOpen,
                 Some((_, false)) => RateLimitDecision::Allowed,
             };
-            let layer = a.layer.as_str();
+            let layer = a.layer;
             match per_layer
                 .iter_mut()
                 .find(|(l, t, _)| *l == layer && *t == a.tier)
@@ -240,7 +241,7 @@ impl Limiter {
         }
         if let Some(m) = &self.metrics {
             for (layer, tier, d) in &per_layer {
-                m.record_decision(layer, tier, *d);
+                m.record_decision(*layer, tier, *d);
             }
         }
         let span = tracing::Span::current();
@@ -465,7 +466,7 @@ impl Limiter {
         let start = Instant::now();
         let result = self.store.adjust(&reservation.spec, delta).await;
         if let Some(m) = &self.metrics {
-            m.observe_store(self.store.kind(), start.elapsed(), result.is_ok());
+            m.observe_store(start.elapsed(), result.is_ok());
         }
         if let Err(e) = result {
             tracing::warn!(error = %e, delta, "could not settle token reservation");

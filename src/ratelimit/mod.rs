@@ -15,6 +15,7 @@ mod error;
 pub mod headers;
 mod layer;
 mod limiter;
+mod metrics;
 pub mod policy;
 mod service;
 pub mod store;
@@ -28,4 +29,5 @@ pub use config::{
 pub use error::{LimiterUnavailable, MissingIdentity, RateLimited};
 pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, Rejection, TokenReservation, X_DEGRADED};
+pub use metrics::{RateLimitDecision, RateLimitMetrics};
 pub use service::{RateLimit, ResponseFuture};

@@ -34,6 +34,7 @@ pub mod breaker;
 pub mod bulkhead;
 pub mod config;
 pub mod failure;
+mod metrics;
 mod observer;
 pub mod retry;
 mod stack;
@@ -46,6 +47,7 @@ pub use config::{
     RetryConfig,
 };
 pub use failure::{Classified, ClassifyFailure, FailureClass};
+pub use metrics::{DependencyMetrics, ResilienceMetrics};
 pub use observer::{CallOutcome, NoopObserver, ResilienceObserver};
 pub use retry::{Retryable, StreamFlag};
 pub use stack::DependencyStack;

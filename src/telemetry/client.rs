@@ -1,16 +1,10 @@
 //! CLIENT spans for upstream calls (LLM, vector store, Redis), named and
-//! attributed per the OpenTelemetry semantic conventions, and the one
-//! place that records how a call ended on its span and in
-//! `levee_upstream_duration_seconds`. No attribute ever holds a secret:
+//! attributed per the OpenTelemetry semantic conventions (how a call ended
+//! is recorded by `upstream::trace`). No attribute ever holds a secret:
 //! URLs are reduced to host and port, never the API key or userinfo.
-
-use std::time::Duration;
 
 use tracing::field::Empty;
 use tracing::Span;
-
-use super::metrics::{Metrics, UpstreamOutcome};
-use crate::upstream::{Dependency, UpstreamError, UpstreamErrorKind};
 
 /// Host and port of an upstream, for `server.address` / `server.port`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,39 +91,4 @@ pub fn redis_span(operation: &'static str) -> Span {
         error.type = Empty,
         levee.dependency = "redis",
     )
-}
-
-/// The `error.type` of a failed call: a short, stable, secret-free code.
-pub fn error_type(err: &UpstreamError) -> String {
-    match &err.kind {
-        UpstreamErrorKind::Connect => "connect".to_owned(),
-        UpstreamErrorKind::Timeout => "timeout".to_owned(),
-        UpstreamErrorKind::Status { status, .. } => status.to_string(),
-        UpstreamErrorKind::Protocol(_) => "protocol".to_owned(),
-        UpstreamErrorKind::Unavailable { .. } => "circuit_open".to_owned(),
-        UpstreamErrorKind::Busy => "bulkhead_full".to_owned(),
-        UpstreamErrorKind::Internal => "internal".to_owned(),
-    }
-}
-
-/// Records how a call ended: on the current span (status, `error.type`,
-/// the HTTP status when there was one) and, with `metrics`, in the
-/// upstream latency histogram.
-pub fn finish<T>(
-    metrics: Option<&Metrics>,
-    dependency: Dependency,
-    elapsed: Duration,
-    result: &Result<T, UpstreamError>,
-) {
-    let span = Span::current();
-    if let Err(e) = result {
-        span.record("otel.status_code", "error");
-        span.record("error.type", error_type(e));
-        if let UpstreamErrorKind::Status { status, .. } = e.kind {
-            span.record("http.response.status_code", int(status));
-        }
-    }
-    if let Some(m) = metrics {
-        m.observe_upstream(dependency, UpstreamOutcome::of(result), elapsed);
-    }
 }

@@ -18,12 +18,15 @@ use serde::Serialize;
 mod error;
 mod extractive;
 mod local;
+mod metrics;
 mod openai;
 mod qdrant;
+pub mod trace;
 
 pub use error::{UpstreamError, UpstreamErrorKind};
 pub use extractive::ExtractiveAnswerer;
 pub use local::LocalIndex;
+pub use metrics::{TokenKind, UpstreamMetrics, UpstreamOutcome};
 pub use openai::OpenAiClient;
 pub use qdrant::QdrantClient;
 

@@ -10,12 +10,13 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::metrics::UpstreamMetrics;
 use super::{
     Answer, Completion, Dependency, Embedder, Llm, Role, UpstreamError, UpstreamErrorKind, Usage,
 };
 use crate::config::LlmConfig;
 use crate::telemetry::client::{self, ServerAddr};
-use crate::telemetry::{propagation, Metrics};
+use crate::telemetry::propagation;
 
 const SYSTEM_PROMPT: &str = "You are Acme Corp's internal assistant. Answer the user's question \
 using only the context passages below and the conversation so far. If the context does not \
@@ -36,7 +37,7 @@ pub struct OpenAiClient {
     api_key: Option<String>,
     /// Host and port for span attributes (never the key or userinfo).
     server: ServerAddr,
-    metrics: Option<Metrics>,
+    metrics: Option<UpstreamMetrics>,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -120,7 +121,7 @@ impl OpenAiClient {
 
     /// Records each call's latency into `metrics`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+    pub fn with_metrics(mut self, metrics: UpstreamMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -150,7 +151,7 @@ impl OpenAiClient {
         let start = Instant::now();
         let result = self.send(path, body).instrument(span.clone()).await;
         span.in_scope(|| {
-            client::finish(
+            super::trace::finish(
                 self.metrics.as_ref(),
                 Dependency::Llm,
                 start.elapsed(),

@@ -10,10 +10,11 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::metrics::UpstreamMetrics;
 use super::openai::retry_after;
 use super::{Dependency, Embedder, Passage, UpstreamError, UpstreamErrorKind, VectorStore};
 use crate::telemetry::client::{self, ServerAddr};
-use crate::telemetry::{propagation, Metrics};
+use crate::telemetry::propagation;
 
 /// Client for one Qdrant collection.
 #[derive(Clone)]
@@ -25,7 +26,7 @@ pub struct QdrantClient {
     /// Collection, host and port for span attributes.
     collection: String,
     server: ServerAddr,
-    metrics: Option<Metrics>,
+    metrics: Option<UpstreamMetrics>,
 }
 
 impl std::fmt::Debug for QdrantClient {
@@ -79,7 +80,7 @@ impl QdrantClient {
 
     /// Records each search's latency into `metrics`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+    pub fn with_metrics(mut self, metrics: UpstreamMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -101,7 +102,7 @@ impl QdrantClient {
             if let Ok(found) = &result {
                 span.record("levee.vector.results", client::int(found.len()));
             }
-            client::finish(
+            super::trace::finish(
                 self.metrics.as_ref(),
                 Dependency::VectorStore,
                 start.elapsed(),

@@ -17,10 +17,11 @@ use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, Red
 use crate::ratelimit::policy::Policy;
 use crate::ratelimit::store::{LimitStore, MemoryStore, RedisStore};
 use crate::ratelimit::{Limiter, StoreKind};
-use crate::resilience::{DependencyStack, ResilienceObserver};
-use crate::telemetry::Metrics;
+use crate::resilience::{DependencyStack, ResilienceMetrics, ResilienceObserver};
+use crate::telemetry::{Labels, Metrics};
 use crate::upstream::{
-    Embedder, ExtractiveAnswerer, Llm, LocalIndex, OpenAiClient, QdrantClient, VectorStore,
+    Embedder, ExtractiveAnswerer, Llm, LocalIndex, OpenAiClient, QdrantClient, UpstreamMetrics,
+    VectorStore,
 };
 
 mod breakers;
@@ -67,23 +68,20 @@ pub fn build(
     vars: &impl Fn(&str) -> Option<String>,
 ) -> Result<Gateway, BuildError> {
     let health = Arc::new(DependencyHealth::default());
-    // The one metrics registry of this process, passed to everything that
-    // records (and served at /metrics); it also observes every breaker,
-    // retry and bulkhead.
-    let metrics = Metrics::new(config);
-    let observer: Arc<dyn ResilienceObserver> = Arc::new(metrics.clone());
+    let obs = Instruments::new(config);
+    let metrics = &obs.metrics;
     let res = &config.resilience;
     let mut breakers = Breakers::default();
 
-    let llm = build_llm(config, vars, &metrics, &observer, &mut breakers)?;
-    let retriever = build_retriever(config, vars, &metrics, &observer, &mut breakers)?;
+    let llm = build_llm(config, vars, &obs, &mut breakers)?;
+    let retriever = build_retriever(config, vars, &obs, &mut breakers)?;
 
     let redis = redis_connection(config)?;
     // One stack for Redis, shared by the limiter store and memory: when its
     // breaker opens, both skip Redis at once.
     let redis_stack = match &redis {
         Some(_) => {
-            let stack = DependencyStack::new("redis", res.redis.clone(), observer.clone())?;
+            let stack = DependencyStack::new("redis", res.redis.clone(), obs.observer("redis"))?;
             breakers.add(&stack);
             Some(stack)
         }
@@ -96,12 +94,12 @@ pub fn build(
                 config.memory.clone(),
                 res.redis.attempt_timeout,
             )
-            .with_metrics(metrics.clone());
+            .with_metrics(obs.upstream.clone());
             Arc::new(GuardedMemory::new(Arc::new(inner), stack))
         }
         _ => Arc::new(InProcessMemory::new(config.memory.clone())),
     };
-    let limiter = build_limiter(config, redis.as_ref(), redis_stack.as_ref(), &metrics);
+    let limiter = build_limiter(config, redis.as_ref(), redis_stack.as_ref(), metrics);
     let pipeline = Pipeline::new(
         IntentRouter::new(&config.router),
         retriever,
@@ -111,15 +109,61 @@ pub fn build(
         health.clone(),
     )
     .with_retrieval_fallback(config.vector_store.on_failure)
-    .with_metrics(metrics.clone());
+    .with_metrics(obs.upstream.clone());
     Ok(Gateway {
         pipeline,
         resolver: Arc::new(Resolver::new(&config.identity)),
         limiter,
         health,
-        metrics,
+        metrics: obs.metrics,
         breakers: Arc::new(breakers),
     })
+}
+
+/// The one metrics registry of this process (served at /metrics) and the
+/// families each subsystem registered into it.
+struct Instruments {
+    metrics: Metrics,
+    upstream: UpstreamMetrics,
+    resilience: ResilienceMetrics,
+}
+
+impl Instruments {
+    /// Tenant and tier label values are bounded by `config`:
+    /// `ratelimit.tenants` keys and the tenants of `identity.api_keys`;
+    /// `ratelimit.tiers` keys (and `route`, the tier route policies of
+    /// anonymous callers report).
+    fn new(config: &Config) -> Self {
+        let tenants = config
+            .ratelimit
+            .tenants
+            .keys()
+            .cloned()
+            .chain(config.identity.api_keys.iter().map(|k| k.tenant.clone()));
+        let tiers = config
+            .ratelimit
+            .tiers
+            .keys()
+            .cloned()
+            .chain(["route".to_owned()]);
+        let metrics = Metrics::new(Labels::new(tenants, tiers));
+        let resilience = ResilienceMetrics::register(metrics.registry());
+        // Dashboards show every dependency from the start, configured or
+        // not, with its breaker closed.
+        for dependency in ["llm", "vector_store", "redis"] {
+            resilience.dependency(dependency);
+        }
+        Self {
+            upstream: UpstreamMetrics::register(&metrics),
+            resilience,
+            metrics,
+        }
+    }
+
+    /// The observer of one dependency's stack.
+    fn observer(&self, dependency: &str) -> Arc<dyn ResilienceObserver> {
+        self.resilience.dependency(dependency)
+    }
 }
 
 /// The LLM: the built-in answerer, or the OpenAI-compatible client behind
@@ -127,8 +171,7 @@ pub fn build(
 fn build_llm(
     config: &Config,
     vars: &impl Fn(&str) -> Option<String>,
-    metrics: &Metrics,
-    observer: &Arc<dyn ResilienceObserver>,
+    obs: &Instruments,
     breakers: &mut Breakers,
 ) -> Result<Arc<dyn Llm>, BuildError> {
     if config.llm.url.is_empty() {
@@ -139,17 +182,20 @@ fn build_llm(
         Ok(Arc::new(
             OpenAiClient::new(url, &config.llm, vars)?
                 .with_timeout(policy.attempt_timeout, config.llm.connect_timeout)?
-                .with_metrics(metrics.clone()),
+                .with_metrics(obs.upstream.clone()),
         ))
     };
-    let stack = DependencyStack::new("llm", policy.clone(), observer.clone())?;
+    let stack = DependencyStack::new("llm", policy.clone(), obs.observer("llm"))?;
     breakers.add(&stack);
     let primary: Arc<dyn Llm> = Arc::new(GuardedLlm::new(client(&config.llm.url)?, &stack));
     if config.llm.secondary_url.is_empty() {
         return Ok(primary);
     }
-    let secondary_stack = DependencyStack::new("llm_secondary", policy.clone(), observer.clone())?;
-    metrics.register_dependency("llm_secondary");
+    let secondary_stack = DependencyStack::new(
+        "llm_secondary",
+        policy.clone(),
+        obs.observer("llm_secondary"),
+    )?;
     breakers.add(&secondary_stack);
     let secondary = Arc::new(GuardedLlm::new(
         client(&config.llm.secondary_url)?,
@@ -163,8 +209,7 @@ fn build_llm(
 fn build_retriever(
     config: &Config,
     vars: &impl Fn(&str) -> Option<String>,
-    metrics: &Metrics,
-    observer: &Arc<dyn ResilienceObserver>,
+    obs: &Instruments,
     breakers: &mut Breakers,
 ) -> Result<Arc<dyn VectorStore>, BuildError> {
     let vs = &config.vector_store;
@@ -177,7 +222,7 @@ fn build_retriever(
     let embedder: Arc<dyn Embedder> = Arc::new(
         OpenAiClient::new(config.embeddings_url(), &config.llm, vars)?
             .with_timeout(policy.attempt_timeout, config.llm.connect_timeout)?
-            .with_metrics(metrics.clone()),
+            .with_metrics(obs.upstream.clone()),
     );
     let client = QdrantClient::new(
         &vs.url,
@@ -187,8 +232,8 @@ fn build_retriever(
         config.llm.connect_timeout,
         embedder,
     )?
-    .with_metrics(metrics.clone());
-    let stack = DependencyStack::new("vector_store", policy.clone(), observer.clone())?;
+    .with_metrics(obs.upstream.clone());
+    let stack = DependencyStack::new("vector_store", policy.clone(), obs.observer("vector_store"))?;
     breakers.add(&stack);
     Ok(Arc::new(GuardedVectorStore::new(Arc::new(client), &stack)))
 }
@@ -241,6 +286,6 @@ fn build_limiter(
         _ => Arc::new(MemoryStore::new()),
     };
     Some(Arc::new(
-        Limiter::new(Policy::new(rl.clone()), store).with_metrics(metrics.clone()),
+        Limiter::new(Policy::new(rl.clone()), store).with_metrics(metrics),
     ))
 }
