@@ -11,6 +11,7 @@ use levee::telemetry::{Tracing, TracingConfig, DEFAULT_LOG_FILTER};
 /// mimalloc instead of the system allocator: a request makes a few dozen
 /// short-lived allocations across two worker threads, where glibc's
 /// malloc spent about a fifth of the gateway's CPU (BENCHMARKS.md).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -16,10 +16,17 @@ use crate::ratelimit::RateLimitConfig;
 use crate::resilience::ResilienceConfig;
 
 mod env;
-mod error;
 
+pub use crate::error::ConfigError;
+pub use crate::rag::config::{
+    MemoryConfig, RetrievalFallback, Route, RouterConfig, RouterRule, DEFAULT_MEMORY_MAX_BYTES,
+    DEFAULT_MEMORY_MAX_THREADS, DEFAULT_MEMORY_MAX_TURNS, DEFAULT_MEMORY_TTL,
+};
+pub use crate::upstream::config::{
+    LlmConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EMBEDDING_MODEL, DEFAULT_LLM_API_KEY_ENV,
+    DEFAULT_LLM_MAX_TOKENS, DEFAULT_LLM_MODEL,
+};
 pub use env::{apply_env, OVERRIDES};
-pub use error::ConfigError;
 
 /// Default listen address (`server.listen`, `LEVEE_LISTEN`).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -27,30 +34,12 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 /// Default bound on draining in-flight requests at shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// Default LLM model name sent to an OpenAI-compatible endpoint.
-pub const DEFAULT_LLM_MODEL: &str = "gpt-4o-mini";
-/// Default embedding model sent to `/v1/embeddings`.
-pub const DEFAULT_EMBEDDING_MODEL: &str = "text-embedding-3-small";
-/// Default name of the environment variable holding the LLM API key.
-pub const DEFAULT_LLM_API_KEY_ENV: &str = "LEVEE_LLM_API_KEY";
-/// Default TCP connect timeout for upstream clients.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default `max_tokens` asked of the LLM.
-pub const DEFAULT_LLM_MAX_TOKENS: u32 = 512;
 /// Default Qdrant collection.
 pub const DEFAULT_COLLECTION: &str = "acme_kb";
 /// Default number of passages retrieved per question.
 pub const DEFAULT_TOP_K: usize = 3;
 /// Default payload field holding a passage's text.
 pub const DEFAULT_TEXT_FIELD: &str = "text";
-/// Default cap on remembered turns per thread (a turn is one message).
-pub const DEFAULT_MEMORY_MAX_TURNS: usize = 20;
-/// Default cap on remembered bytes per thread.
-pub const DEFAULT_MEMORY_MAX_BYTES: usize = 16 * 1024;
-/// Default time a thread is remembered after its last message.
-pub const DEFAULT_MEMORY_TTL: Duration = Duration::from_secs(3600);
-/// Default cap on threads held by the in-process memory.
-pub const DEFAULT_MEMORY_MAX_THREADS: usize = 10_000;
 /// Default longest accepted chat message, in bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 8 * 1024;
 
@@ -95,31 +84,6 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
 }
 
-/// The LLM upstream.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LlmConfig {
-    /// OpenAI-compatible base URL, e.g. `http://127.0.0.1:9000/v1`. Empty
-    /// (the default) selects the built-in extractive answerer.
-    pub url: String,
-    /// Model name sent with each completion. Default `gpt-4o-mini`.
-    pub model: String,
-    /// Model name sent to `/embeddings`. Default `text-embedding-3-small`.
-    pub embedding_model: String,
-    /// Name of the environment variable that holds the API key (the key
-    /// itself never lives in the config file). Default `LEVEE_LLM_API_KEY`.
-    pub api_key_env: String,
-    /// TCP connect timeout. Default 2 s. (Call timeouts, retries and the
-    /// breaker are under `[resilience.llm]`.)
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// `max_tokens` asked of the model. Default 512.
-    pub max_tokens: u32,
-    /// A second OpenAI-compatible base URL, used when the primary fails or
-    /// its breaker is open (same model, key and policy). Default: none.
-    pub secondary_url: String,
-}
-
 /// The vector store upstream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -140,68 +104,6 @@ pub struct VectorStoreConfig {
     /// 504) or `degrade` (answer without retrieval, `metadata.degraded`).
     /// Default `fail`.
     pub on_failure: RetrievalFallback,
-}
-
-/// What the pipeline does when retrieval fails.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RetrievalFallback {
-    /// Fail the request with the dependency's error.
-    #[default]
-    Fail,
-    /// Answer without retrieved passages, marked degraded.
-    Degrade,
-}
-
-/// Conversation memory.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MemoryConfig {
-    /// Messages remembered per thread (user and assistant each count one).
-    /// Default 20.
-    pub max_turns: usize,
-    /// Bytes of message text remembered per thread. Default 16 KiB.
-    pub max_bytes: usize,
-    /// A thread is forgotten this long after its last message. Default 1 h.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// Threads held by the in-process store before the least recently used
-    /// is evicted. Default 10 000.
-    pub max_threads: usize,
-}
-
-/// Where a question goes after the router stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Route {
-    /// Retrieve passages, then synthesize an answer from them.
-    Retrieve,
-    /// Answer directly, without retrieval.
-    Direct,
-}
-
-/// The router stage: the first matching rule decides, else `default_route`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RouterConfig {
-    /// Route taken when no rule matches. Default `retrieve`.
-    pub default_route: Route,
-    /// Keyword rules, tried in order. Default: greetings and thanks go
-    /// `direct`.
-    pub rules: Vec<RouterRule>,
-}
-
-/// One router rule: matches when the message contains any keyword as whole
-/// words (case-insensitive).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouterRule {
-    /// Name reported in logs.
-    pub name: String,
-    /// Words or phrases; any one matching selects `route`.
-    pub keywords: Vec<String>,
-    /// Route taken on a match.
-    pub route: Route,
 }
 
 /// Redis connection.
@@ -243,20 +145,6 @@ impl Default for ServerConfig {
     }
 }
 
-impl Default for LlmConfig {
-    fn default() -> Self {
-        Self {
-            url: String::new(),
-            model: DEFAULT_LLM_MODEL.to_owned(),
-            embedding_model: DEFAULT_EMBEDDING_MODEL.to_owned(),
-            api_key_env: DEFAULT_LLM_API_KEY_ENV.to_owned(),
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            max_tokens: DEFAULT_LLM_MAX_TOKENS,
-            secondary_url: String::new(),
-        }
-    }
-}
-
 impl Default for VectorStoreConfig {
     fn default() -> Self {
         Self {
@@ -266,31 +154,6 @@ impl Default for VectorStoreConfig {
             text_field: DEFAULT_TEXT_FIELD.to_owned(),
             embeddings_url: String::new(),
             on_failure: RetrievalFallback::Fail,
-        }
-    }
-}
-
-impl Default for MemoryConfig {
-    fn default() -> Self {
-        Self {
-            max_turns: DEFAULT_MEMORY_MAX_TURNS,
-            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
-            ttl: DEFAULT_MEMORY_TTL,
-            max_threads: DEFAULT_MEMORY_MAX_THREADS,
-        }
-    }
-}
-
-impl Default for RouterConfig {
-    fn default() -> Self {
-        let smalltalk = ["hello", "hi", "hey", "thanks", "thank you", "good morning"];
-        Self {
-            default_route: Route::Retrieve,
-            rules: vec![RouterRule {
-                name: "smalltalk".to_owned(),
-                keywords: smalltalk.iter().map(|s| (*s).to_owned()).collect(),
-                route: Route::Direct,
-            }],
         }
     }
 }

@@ -3,7 +3,7 @@
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// Default IPv6 grouping prefix.
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;

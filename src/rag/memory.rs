@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::config::MemoryConfig;
+use super::config::MemoryConfig;
 use crate::telemetry::client;
 use crate::upstream::UpstreamMetrics;
 use crate::upstream::{Dependency, Turn, UpstreamError, UpstreamErrorKind};

@@ -11,19 +11,20 @@ use serde::{Deserialize, Serialize};
 use tracing::field::Empty;
 use tracing::Instrument;
 
+pub mod config;
 mod memory;
 mod router;
 
 pub use memory::{ConversationStore, InProcessMemory, RedisMemory, ThreadKey};
 pub use router::{retrieval_query, IntentRouter};
 
-use crate::config::{RetrievalFallback, Route};
 use crate::health::DependencyHealth;
 use crate::telemetry::client::int;
 use crate::upstream::{
     Answer, Completion, Dependency, Llm, Passage, Role, Turn, UpstreamError, Usage, VectorStore,
 };
 use crate::upstream::{TokenKind, UpstreamMetrics};
+use config::{RetrievalFallback, Route};
 
 /// Tenant used when a request names none.
 pub const DEFAULT_TENANT: &str = "default";

@@ -1,7 +1,7 @@
 //! The router stage: keyword rules decide whether a question needs
 //! retrieval or can be answered directly.
 
-use crate::config::{Route, RouterConfig};
+use super::config::{Route, RouterConfig};
 use crate::text;
 
 /// Compiled router rules.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::store::Algorithm;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::identity::IdentityConfig;
 
 /// Tier of requests with a registered API key (unless the key names another).

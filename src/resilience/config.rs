@@ -13,7 +13,7 @@ use tower::retry::budget::TpsBudget;
 
 use super::breaker::{Backoff, BreakerSettings, SlowCallRule, TripRule};
 use super::retry::RetrySettings;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// Default bound on a whole call, retries included.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);

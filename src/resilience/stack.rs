@@ -15,7 +15,7 @@ use super::config::DependencyPolicy;
 use super::retry::{RetryLayer, Retryable};
 use super::timeout::TimeoutLayer;
 use super::{BoxError, Classified, ClassifyFailure, ResilienceObserver};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The resilience layers of one dependency and their shared state.
 #[derive(Clone)]

@@ -15,6 +15,7 @@ use std::fmt;
 use async_trait::async_trait;
 use serde::Serialize;
 
+pub mod config;
 mod error;
 mod extractive;
 mod local;

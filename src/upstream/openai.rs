@@ -10,11 +10,11 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::config::LlmConfig;
 use super::metrics::UpstreamMetrics;
 use super::{
     Answer, Completion, Dependency, Embedder, Llm, Role, UpstreamError, UpstreamErrorKind, Usage,
 };
-use crate::config::LlmConfig;
 use crate::telemetry::client::{self, ServerAddr};
 use crate::telemetry::propagation;
 

@@ -1,4 +1,6 @@
-//! The one error type of configuration loading.
+//! Errors every module shares, at the bottom of the layering so that each
+//! section's owner can validate its own config: [`ConfigError`] names the
+//! key and the value at fault.
 
 use std::fmt;
 
