@@ -15,6 +15,8 @@
 //!    [`resilience`]: the per-dependency layers (deadline → retry → breaker
 //!    → bulkhead → attempt timeout), judging failures through the
 //!    `ClassifyFailure` trait each client error implements.
+//!    [`fairness`]: per-tenant fair queues (weighted by token cost) in
+//!    front of a capacity-limited dependency.
 //! 3. [`upstream`]: the dependencies behind traits (OpenAI-compatible LLM,
 //!    Qdrant, their embedded defaults), their errors, spans and metrics.
 //! 4. [`health`]: last-known dependency states for `/ready`.
@@ -46,6 +48,7 @@
 
 pub mod config;
 pub mod error;
+pub mod fairness;
 pub mod health;
 pub mod http;
 pub mod identity;

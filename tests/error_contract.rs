@@ -417,3 +417,44 @@ async fn probes_and_admin_do_not_read_bearer_tokens_as_api_keys() {
         assert_eq!(status, StatusCode::OK, "{path}: {body}");
     }
 }
+
+#[tokio::test]
+async fn a_full_tenant_queue_is_429_and_a_saturated_backend_503_both_with_retry_after() {
+    use levee::fairness::{FairQueue, QueuePolicy};
+    use levee::wiring::{FairLlm, QueuePolicies};
+    let mut config = config();
+    config.identity.api_keys.push(ApiKeyConfig {
+        id: "other".into(),
+        sha256: hash_key("other_key"),
+        tenant: "globex".into(),
+        tier: "API_KEY".into(),
+    });
+    // One slot, held by a call that never ends; short waits.
+    let quick = QueuePolicy::try_new("t", 1, 4, Duration::from_millis(50)).expect("policy");
+    let fair = FairLlm::new(
+        Arc::new(FakeLlm(|| None)),
+        FairQueue::new("llm", 1),
+        QueuePolicies::new(Default::default(), quick),
+        100,
+        Duration::from_secs(30),
+    );
+    let app = with_llm(&config, Arc::new(fair));
+    let hog = tokio::spawn({
+        let app = app.clone();
+        async move { app.oneshot(chat(Some(PARTNER_KEY))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // The same tenant again: it holds its share, so the refusal is its own.
+    let (status, body, headers) = send(&app, chat(Some(PARTNER_KEY))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_error(&body, "tenant_queue_full");
+    assert!(headers.contains_key(header::RETRY_AFTER));
+
+    // Another tenant, holding nothing: the backend is saturated for all.
+    let (status, body, headers) = send(&app, chat(Some("other_key"))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_error(&body, "overloaded");
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    hog.abort();
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 /// Lowest first; a module may use only modules of a lower rank.
 const LAYERS: &[&[&str]] = &[
     &["error", "text", "telemetry"],
-    &["identity", "resilience"],
+    &["identity", "resilience", "fairness"],
     &["upstream"],
     &["health"],
     &["rag"],

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fairness::FairnessConfig;
 use crate::identity::IdentityConfig;
 use crate::ratelimit::RateLimitConfig;
 use crate::resilience::ResilienceConfig;
@@ -67,6 +68,8 @@ pub struct Config {
     pub resilience: ResilienceConfig,
     /// The admin API.
     pub admin: AdminConfig,
+    /// Per-tenant fair queues in front of the LLM's capacity.
+    pub fairness: FairnessConfig,
 }
 
 /// HTTP listener and request handling.
@@ -212,6 +215,7 @@ impl Config {
         self.resilience.redis.validate("resilience.redis")?;
         self.identity.validate()?;
         self.ratelimit.validate(&self.identity, &self.redis.url)?;
+        self.fairness.validate()?;
         Ok(())
     }
 

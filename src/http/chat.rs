@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::{ApiError, AppState, Failure};
-use crate::identity::Identity;
+use crate::identity::{Identity, NetworkClass};
 use crate::rag::ChatRequest;
 
 /// Longest accepted id (`user_id`, `thread_id`, `tenant_id`).
@@ -56,6 +56,7 @@ async fn handle(
     if let Some(tenant) = identity.and_then(Identity::tenant) {
         request.tenant_id = Some(tenant.to_owned());
     }
+    request.queue_tenant = Some(queue_tenant(identity));
     // Fail fast before reserving tokens for an LLM that will not be called.
     state.pipeline.synthesizer().available()?;
     let reservation = match (&state.limiter, identity) {
@@ -77,6 +78,21 @@ async fn handle(
         limiter.settle_tokens(reservation, used).await;
     }
     Ok(Json(answer?).into_response())
+}
+
+/// Whose share of the LLM the request uses: the key's tenant, or one
+/// anonymous tenant per network tier (never what the body claims).
+fn queue_tenant(identity: Option<&Identity>) -> String {
+    match identity {
+        Some(i) => match i.tenant() {
+            Some(t) => t.to_owned(),
+            None => match i.network {
+                NetworkClass::Internal => "anon:internal".to_owned(),
+                NetworkClass::Public => "anon:public".to_owned(),
+            },
+        },
+        None => crate::rag::ANONYMOUS_QUEUE.to_owned(),
+    }
 }
 
 /// A deliberately generous estimate: the question's words plus the

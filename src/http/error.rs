@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use tower::BoxError;
 
+use crate::fairness::{Overloaded, TenantQueueFull};
 use crate::identity::IdentityError;
 use crate::ratelimit::{LimiterUnavailable, RateLimited, Rejection};
 use crate::resilience::{BulkheadFull, CircuitOpen, DeadlineExceeded, Elapsed};
@@ -167,6 +168,34 @@ impl ApiError {
                 _ => Self::new(StatusCode::UNAUTHORIZED, "unauthorized", id.to_string()),
             });
         }
+        if let Some(full) = e.downcast_ref::<TenantQueueFull>() {
+            return Some(
+                Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "tenant_queue_full",
+                    format!(
+                        "your queue for {} is full; requests beyond your share wait only up to max_wait",
+                        full.dependency
+                    ),
+                )
+                .with("dependency", full.dependency)
+                .with_retry_after(full.retry_after),
+            );
+        }
+        if let Some(o) = e.downcast_ref::<Overloaded>() {
+            return Some(
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    format!(
+                        "{} is saturated for every tenant; try again shortly",
+                        o.dependency
+                    ),
+                )
+                .with("dependency", o.dependency)
+                .with_retry_after(o.retry_after),
+            );
+        }
         // The resilience layers' own errors, when they reach us without a
         // client wrapper around them.
         if let Some(open) = e.downcast_ref::<CircuitOpen>() {
@@ -242,7 +271,7 @@ impl ApiError {
     fn from_upstream(err: &UpstreamError) -> Option<Self> {
         let dep = err.dependency;
         Some(match &err.kind {
-            UpstreamErrorKind::Internal => return None,
+            UpstreamErrorKind::Internal | UpstreamErrorKind::NotAdmitted => return None,
             UpstreamErrorKind::Timeout => Self::timeout(dep),
             UpstreamErrorKind::Status {
                 status,

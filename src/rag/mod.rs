@@ -29,6 +29,10 @@ use config::{RetrievalFallback, Route};
 /// Tenant used when a request names none.
 pub const DEFAULT_TENANT: &str = "default";
 
+/// The fair-queue tenant of a request nobody authenticated (tests and
+/// callers of the pipeline that set none).
+pub const ANONYMOUS_QUEUE: &str = "anon";
+
 /// `POST /v1/chat` body.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,6 +46,11 @@ pub struct ChatRequest {
     /// Optional tenant.
     #[serde(default)]
     pub tenant_id: Option<String>,
+    /// Whose fair-queue share the LLM call is charged to: set by the
+    /// handler from the authenticated identity (the key's tenant, or the
+    /// anonymous tier), never from the body, which a caller controls.
+    #[serde(skip)]
+    pub queue_tenant: Option<String>,
 }
 
 /// `POST /v1/chat` answer.
@@ -256,7 +265,7 @@ impl Pipeline {
         };
         agents_used.push("synthesizer".to_owned());
         let answer = self
-            .synthesize(&key.tenant, &req.message, &passages, &history)
+            .synthesize(&key.tenant, req, &passages, &history)
             .await?;
         if !self.remember(&key, &req.message, &answer.text).await {
             degraded = true;
@@ -353,14 +362,15 @@ impl Pipeline {
     async fn synthesize(
         &self,
         tenant: &str,
-        question: &str,
+        req: &ChatRequest,
         passages: &[Passage],
         history: &[Turn],
     ) -> Result<Answer, UpstreamError> {
         let answer = self.synthesizer.complete(Completion {
-            question,
+            question: &req.message,
             passages,
             history,
+            tenant: req.queue_tenant.as_deref().unwrap_or(ANONYMOUS_QUEUE),
         });
         let span = Self::stage_span("synthesis");
         span.record("levee.rag.passages", int(passages.len()));

@@ -130,6 +130,30 @@ pub struct TenantConfig {
     pub per_user: Vec<LimitConfig>,
     /// LLM tokens per minute: reserved before the call, settled after.
     pub tokens_per_minute: Option<u64>,
+    /// The tenant's share of the LLM's capacity in the fair queue,
+    /// relative to other tenants' weights (1–1000). Default 1.
+    pub weight: Option<u32>,
+    /// Requests of the tenant that may wait for the LLM at once (beyond:
+    /// 429 `tenant_queue_full`). Default 64.
+    pub max_queue: Option<usize>,
+    /// Longest wait for an LLM slot; a request that cannot be served
+    /// within it is refused at once. Default 2 s.
+    #[serde(default, with = "humantime_serde::option")]
+    pub max_wait: Option<Duration>,
+}
+
+impl TenantConfig {
+    /// The tenant's fair-queue policy (defaults for unset fields),
+    /// validated; `at` is the key prefix for errors.
+    pub fn queue_policy(&self, at: &str) -> Result<crate::fairness::QueuePolicy, ConfigError> {
+        use crate::fairness::{DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT, DEFAULT_WEIGHT};
+        crate::fairness::QueuePolicy::try_new(
+            at,
+            self.weight.unwrap_or(DEFAULT_WEIGHT),
+            self.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
+            self.max_wait.unwrap_or(DEFAULT_MAX_WAIT),
+        )
+    }
 }
 
 /// Limits for one route, optionally narrowed to a tenant and a user.
@@ -299,6 +323,7 @@ impl RateLimitConfig {
             let at = format!("ratelimit.tenants.{name}");
             validate_limits(&format!("{at}.limits"), &t.limits)?;
             validate_limits(&format!("{at}.per_user"), &t.per_user)?;
+            t.queue_policy(&at)?;
             if t.tokens_per_minute == Some(0) {
                 return Err(ConfigError::invalid(
                     format!("{at}.tokens_per_minute"),

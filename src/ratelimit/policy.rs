@@ -372,7 +372,7 @@ mod tests {
             crate::ratelimit::TenantConfig {
                 limits: vec![LimitConfig::per(10, Duration::from_secs(1))],
                 per_user: vec![LimitConfig::per(3, Duration::from_secs(1))],
-                tokens_per_minute: None,
+                ..Default::default()
             },
         );
         let policy = Policy::new(config);

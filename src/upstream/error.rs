@@ -55,6 +55,10 @@ pub enum UpstreamErrorKind {
     /// never reported as the dependency's fault.
     #[error("internal error")]
     Internal,
+    /// Not called: the tenant fair queue refused the call (its source says
+    /// why: the tenant's queue is full, or the dependency is saturated).
+    #[error("not admitted by the fair queue")]
+    NotAdmitted,
 }
 
 impl UpstreamError {
@@ -146,9 +150,9 @@ impl crate::resilience::ClassifyFailure for UpstreamError {
             UpstreamErrorKind::Status { .. }
             | UpstreamErrorKind::Protocol(_)
             | UpstreamErrorKind::Internal => FailureClass::Failed,
-            UpstreamErrorKind::Unavailable { .. } | UpstreamErrorKind::Busy => {
-                FailureClass::Refused
-            }
+            UpstreamErrorKind::Unavailable { .. }
+            | UpstreamErrorKind::Busy
+            | UpstreamErrorKind::NotAdmitted => FailureClass::Refused,
         }
     }
 }

@@ -104,6 +104,20 @@ pub struct Completion<'a> {
     pub passages: &'a [Passage],
     /// Earlier turns of this thread, oldest first.
     pub history: &'a [Turn],
+    /// Whose fair-queue share the call is charged to.
+    pub tenant: &'a str,
+}
+
+impl Completion<'_> {
+    /// A generous estimate of the call's tokens (about four characters a
+    /// token, plus the whole completion allowance), settled with the real
+    /// usage after the call.
+    pub fn estimated_tokens(&self, max_tokens: u64) -> u64 {
+        let chars = self.question.len()
+            + self.passages.iter().map(|p| p.text.len()).sum::<usize>()
+            + self.history.iter().map(|t| t.content.len()).sum::<usize>();
+        (chars as u64).div_ceil(4) + max_tokens
+    }
 }
 
 /// Token usage reported by the LLM.

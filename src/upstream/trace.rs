@@ -21,6 +21,7 @@ pub fn error_type(err: &UpstreamError) -> String {
         UpstreamErrorKind::Unavailable { .. } => "circuit_open".to_owned(),
         UpstreamErrorKind::Busy => "bulkhead_full".to_owned(),
         UpstreamErrorKind::Internal => "internal".to_owned(),
+        UpstreamErrorKind::NotAdmitted => "not_admitted".to_owned(),
     }
 }
 

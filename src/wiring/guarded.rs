@@ -41,6 +41,7 @@ pub struct CompletionCall {
     question: String,
     passages: Vec<Passage>,
     history: Vec<Turn>,
+    tenant: String,
 }
 
 impl Retryable for CompletionCall {
@@ -69,6 +70,7 @@ impl GuardedLlm {
                     question: &call.question,
                     passages: &call.passages,
                     history: &call.history,
+                    tenant: &call.tenant,
                 };
                 inner.complete(request).await
             }
@@ -116,6 +118,7 @@ impl Llm for GuardedLlm {
             question: request.question.to_owned(),
             passages: request.passages.to_vec(),
             history: request.history.to_vec(),
+            tenant: request.tenant.to_owned(),
         };
         self.svc
             .call(call)

@@ -5,18 +5,20 @@
 //! identity resolver and the limiter. Nothing below imports it; `http` reads
 //! its registry and `server` serves what it built.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
 use crate::config::{Config, ConfigError};
+use crate::fairness::{FairQueue, FairnessMetrics};
 use crate::health::DependencyHealth;
 use crate::identity::Resolver;
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
 use crate::ratelimit::policy::Policy;
 use crate::ratelimit::store::{LimitStore, MemoryStore, RedisStore};
-use crate::ratelimit::{Limiter, StoreKind};
+use crate::ratelimit::{Limiter, StoreKind, DEFAULT_TENANT_POLICY};
 use crate::resilience::{DependencyStack, ResilienceMetrics, ResilienceObserver};
 use crate::telemetry::{Labels, Metrics};
 use crate::upstream::{
@@ -25,9 +27,11 @@ use crate::upstream::{
 };
 
 mod breakers;
+mod fair;
 mod guarded;
 
 pub use breakers::Breakers;
+pub use fair::{FairLlm, QueuePolicies};
 pub use guarded::{
     CompletionCall, FallbackLlm, GuardedLimitStore, GuardedLlm, GuardedMemory, GuardedVectorStore,
     LimitCall, MemoryCall, SearchCall,
@@ -74,6 +78,7 @@ pub fn build(
     let mut breakers = Breakers::default();
 
     let llm = build_llm(config, vars, &obs, &mut breakers)?;
+    let llm = fair_llm(config, llm, &obs)?;
     let retriever = build_retriever(config, vars, &obs, &mut breakers)?;
 
     let redis = redis_connection(config)?;
@@ -119,6 +124,49 @@ pub fn build(
         breakers: Arc::new(breakers),
     })
 }
+
+/// The LLM behind per-tenant fair queues (`[fairness]`), when it is a
+/// remote one: the built-in answerer has no capacity to share.
+fn fair_llm(
+    config: &Config,
+    llm: Arc<dyn Llm>,
+    obs: &Instruments,
+) -> Result<Arc<dyn Llm>, BuildError> {
+    if !config.fairness.enabled || config.llm.url.is_empty() {
+        return Ok(llm);
+    }
+    let policy = &config.resilience.llm;
+    let capacity = config
+        .fairness
+        .capacity
+        .unwrap_or(policy.bulkhead.max_concurrent);
+    let tenants = &config.ratelimit.tenants;
+    let mut by_tenant = HashMap::new();
+    for (name, t) in tenants {
+        by_tenant.insert(
+            name.clone(),
+            t.queue_policy(&format!("ratelimit.tenants.{name}"))?,
+        );
+    }
+    let fallback = by_tenant
+        .get(DEFAULT_TENANT_POLICY)
+        .copied()
+        .unwrap_or_default();
+    let metrics = FairnessMetrics::register(&obs.metrics, "llm", &ANONYMOUS_QUEUES);
+    let queue = FairQueue::new("llm", capacity).with_metrics(metrics);
+    Ok(Arc::new(FairLlm::new(
+        llm,
+        queue,
+        QueuePolicies::new(by_tenant, fallback),
+        u64::from(config.llm.max_tokens),
+        policy.deadline,
+    )))
+}
+
+/// The fair-queue tenants of anonymous callers, one per network tier (see
+/// `http::chat`), plus the pipeline's own default.
+pub const ANONYMOUS_QUEUES: [&str; 3] =
+    ["anon:internal", "anon:public", crate::rag::ANONYMOUS_QUEUE];
 
 /// The one metrics registry of this process (served at /metrics) and the
 /// families each subsystem registered into it.

@@ -1,0 +1,131 @@
+//! [`FairLlm`]: the LLM behind the tenant fair queue. The breaker check
+//! comes first, so an open breaker answers without queueing; then the
+//! call waits for its tenant's turn at a capacity slot; then it runs
+//! through the LLM's resilience stack (the bulkhead there stays as a
+//! safety net). The request deadline covers the wait and the call.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::fairness::{FairQueue, QueuePolicy};
+use crate::resilience::DeadlineExceeded;
+use crate::upstream::{Answer, Completion, Dependency, Llm, UpstreamError, UpstreamErrorKind};
+
+/// Each tenant's queue policy; the `default` tenant entry (else the
+/// built-in defaults) covers the rest, the anonymous tiers included.
+#[derive(Debug, Clone, Default)]
+pub struct QueuePolicies {
+    by_tenant: HashMap<String, QueuePolicy>,
+    fallback: QueuePolicy,
+}
+
+impl QueuePolicies {
+    /// Policies for these tenants, and `fallback` for everyone else.
+    pub fn new(by_tenant: HashMap<String, QueuePolicy>, fallback: QueuePolicy) -> Self {
+        Self {
+            by_tenant,
+            fallback,
+        }
+    }
+
+    fn get(&self, tenant: &str) -> QueuePolicy {
+        self.by_tenant.get(tenant).copied().unwrap_or(self.fallback)
+    }
+}
+
+/// The LLM behind per-tenant fair queues.
+pub struct FairLlm {
+    inner: Arc<dyn Llm>,
+    queue: FairQueue,
+    policies: QueuePolicies,
+    max_tokens: u64,
+    deadline: Duration,
+}
+
+impl FairLlm {
+    /// Puts `inner` behind `queue`; `deadline` bounds the wait plus the
+    /// call, `max_tokens` is the completion allowance of the estimate.
+    pub fn new(
+        inner: Arc<dyn Llm>,
+        queue: FairQueue,
+        policies: QueuePolicies,
+        max_tokens: u64,
+        deadline: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            queue,
+            policies,
+            max_tokens,
+            deadline,
+        }
+    }
+}
+
+fn not_admitted(source: crate::resilience::BoxError) -> UpstreamError {
+    UpstreamError {
+        dependency: Dependency::Llm,
+        kind: UpstreamErrorKind::NotAdmitted,
+        source: Some(source),
+    }
+}
+
+#[async_trait]
+impl Llm for FairLlm {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn available(&self) -> Result<(), UpstreamError> {
+        self.inner.available()
+    }
+
+    async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError> {
+        // An open breaker answers at once, without a place in the queue.
+        self.inner.available()?;
+        let deadline = Instant::now() + self.deadline;
+        let estimate = request.estimated_tokens(self.max_tokens);
+        let span = tracing::info_span!(
+            target: "levee::fairness",
+            "fair_queue",
+            otel.name = "fair_queue.wait",
+            otel.kind = "internal",
+            levee.dependency = "llm",
+            levee.fair_queue.estimated_tokens = estimate,
+        );
+        let mut permit = self
+            .queue
+            .acquire(
+                request.tenant,
+                self.policies.get(request.tenant),
+                estimate,
+                Some(deadline),
+            )
+            .instrument(span)
+            .await
+            .map_err(not_admitted)?;
+        let result = match tokio::time::timeout_at(deadline, self.inner.complete(request)).await {
+            Ok(result) => result,
+            Err(_) => Err(UpstreamError {
+                dependency: Dependency::Llm,
+                kind: UpstreamErrorKind::Timeout,
+                source: Some(Box::new(DeadlineExceeded {
+                    dependency: "llm",
+                    after: self.deadline,
+                })),
+            }),
+        };
+        // Settle with what the call used: a failed call used nothing.
+        permit.settle(
+            result
+                .as_ref()
+                .map_or(0, |a| a.usage.prompt_tokens + a.usage.completion_tokens),
+        );
+        result
+    }
+}
