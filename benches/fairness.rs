@@ -15,27 +15,29 @@
 //! CPU time is the process's, from `/proc/self/stat` (utime + stime), over
 //! the fixed number of operations.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use levee::fairness::{FairQueue, QueuePolicy};
 
 fn cpu() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses).
-    let rest = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<u64> = rest
+    // After the command name (in parentheses): field 3 (state) first, so
+    // utime and stime (fields 14 and 15) are the 12th and 13th.
+    let rest: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
         .split_whitespace()
-        .filter_map(|x| x.parse().ok())
         .collect();
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12
-    // after the state field.
-    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+    let field = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = field(11) + field(12);
     Duration::from_secs_f64(ticks as f64 / 100.0)
 }
 
 fn patient() -> QueuePolicy {
-    QueuePolicy::try_new("bench", 1, 100_000, Duration::from_secs(300))
-        .expect("policy")
+    QueuePolicy::try_new("bench", 1, 100_000, Duration::from_secs(300)).expect("policy")
 }
 
 async fn uncontended(n: u32) -> (Duration, Duration) {
@@ -66,7 +68,10 @@ async fn queued(n: usize) -> (Duration, Duration) {
         let q = q.clone();
         let tenant = format!("t{}", i % 100);
         waiters.push(tokio::spawn(async move {
-            let p = q.acquire(&tenant, patient(), 100, None).await.expect("slot");
+            let p = q
+                .acquire(&tenant, patient(), 100, None)
+                .await
+                .expect("slot");
             drop(p);
         }));
     }
@@ -81,6 +86,7 @@ async fn queued(n: usize) -> (Duration, Duration) {
     (t0.elapsed() / n as u32, (cpu() - c0) / n as u32)
 }
 
+#[allow(clippy::print_stdout)] // a benchmark reports on stdout
 fn main() {
     // `cargo test` runs benches once without `--bench`: keep that quick.
     let quick = std::env::args().any(|a| a == "quick") || !std::env::args().any(|a| a == "--bench");

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use levee_chaos::sim::{self, FaultSpec, FaultTarget, SimConfig, SimHandle, LISTENING_PREFIX};
+use levee_chaos::sim::{
+    self, FaultSpec, FaultTarget, LlmCapacity, SimConfig, SimHandle, LISTENING_PREFIX,
+};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -628,6 +630,8 @@ async fn invalid_fault_commands_name_the_field() {
         (json!({"error_status": 200}), "error_status"),
         (json!({"target": "llm"}), "target"),
         (json!({"bogus": 1}), "bogus"),
+        (json!({"capacity": 2, "target": "embeddings"}), "capacity"),
+        (json!({"per_token_ms": 60_001}), "per_token_ms"),
     ] {
         let response = post(&sim, "/_faults", &body).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
@@ -722,6 +726,229 @@ async fn shutdown_finishes_promptly_with_a_hung_request_in_flight() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
 
+/// Sends `n` chat calls at once; returns each one's time to its full
+/// answer, fastest first.
+async fn concurrent_chats(sim: &SimHandle, n: usize, request: &Value) -> Vec<Duration> {
+    let started = Instant::now();
+    let calls = (0..n).map(|_| async {
+        let response = post(sim, "/v1/chat/completions", request).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.bytes().await.expect("full body");
+        started.elapsed()
+    });
+    let mut done = futures::future::join_all(calls).await;
+    done.sort();
+    done
+}
+
+/// Timer slack for lower bounds: tokio rounds sleeps up to the next
+/// millisecond, so a sleep is never shorter; 2 ms covers clock reads.
+const SLACK: Duration = Duration::from_millis(2);
+
+#[tokio::test]
+async fn capacity_two_serves_six_concurrent_calls_in_three_waves() {
+    let sim = sim::spawn(SimConfig {
+        llm: LlmCapacity {
+            capacity: 2,
+            service_ms: Some(100),
+            per_token_ms: 0,
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim starts");
+    let request = chat_request("Can I rollover unused days?");
+    let poll = async {
+        // While the first wave is in service the other four wait.
+        let mut most_queued = 0;
+        for _ in 0..20 {
+            let llm = get_json(&sim, "/_stats").await["llm"].clone();
+            assert!(llm["in_flight"].as_u64().expect("gauge") <= 2, "{llm}");
+            most_queued = most_queued.max(llm["queued"].as_u64().expect("gauge"));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        most_queued
+    };
+    let (done, most_queued) = tokio::join!(concurrent_chats(&sim, 6, &request), poll);
+
+    // Wave k (1-based) cannot finish before k service times.
+    for (i, t) in done.iter().enumerate() {
+        let wave = (i / 2 + 1) as u32;
+        assert!(
+            *t + SLACK >= Duration::from_millis(100) * wave,
+            "call {i} done after {t:?}: {done:?}"
+        );
+    }
+    assert!(done[5] + SLACK >= Duration::from_millis(300), "{done:?}");
+    assert_eq!(most_queued, 4, "{done:?}");
+    let llm = get_json(&sim, "/_stats").await["llm"].clone();
+    assert_eq!(
+        llm,
+        json!({"capacity": 2, "in_flight": 0, "max_in_flight": 2, "queued": 0})
+    );
+}
+
+#[tokio::test]
+async fn per_token_cost_lengthens_service_time() {
+    let sim = start().await;
+    // The answer to this question is 7 completion tokens.
+    let request = chat_request("Can I rollover unused days?");
+    let fault = |per_token_ms| FaultSpec {
+        capacity: Some(1),
+        service_ms: Some(50),
+        per_token_ms: Some(per_token_ms),
+        target: FaultTarget::Chat,
+        ..FaultSpec::default()
+    };
+    set_faults(&sim, &fault(0)).await;
+    let flat = concurrent_chats(&sim, 2, &request).await;
+    set_faults(&sim, &fault(20)).await;
+    let per_token = concurrent_chats(&sim, 2, &request).await;
+
+    // One slot: the second call waits for the first. 50 ms each flat;
+    // 50 + 7 x 20 = 190 ms each with the token cost.
+    assert!(flat[1] + SLACK >= Duration::from_millis(100), "{flat:?}");
+    assert!(
+        per_token[0] + SLACK >= Duration::from_millis(190),
+        "{per_token:?}"
+    );
+    assert!(
+        per_token[1] + SLACK >= Duration::from_millis(380),
+        "{per_token:?}"
+    );
+    assert!(
+        per_token[1] > flat[1] + Duration::from_millis(200),
+        "{flat:?} {per_token:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_answer_holds_its_slot_until_the_stream_ends() {
+    let sim = start().await;
+    set_faults(
+        &sim,
+        &FaultSpec {
+            capacity: Some(1),
+            service_ms: Some(0),
+            stream_chunk_delay_ms: Some(30),
+            target: FaultTarget::Chat,
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    let mut streamed = chat_request("Can I rollover unused days?");
+    streamed["stream"] = json!(true);
+    let started = Instant::now();
+    let stream = async {
+        let body = post(&sim, "/v1/chat/completions", &streamed)
+            .await
+            .text()
+            .await
+            .expect("body");
+        assert_eq!(sse_data(&body).len(), 10);
+        started.elapsed()
+    };
+    let plain = async {
+        // Arrive second, behind the stream's slot.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let response = post(&sim, "/v1/chat/completions", &chat_request("laptops?")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        started.elapsed()
+    };
+    let (stream_done, plain_done) = tokio::join!(stream, plain);
+    // 10 frames, 9 gaps of 30 ms; the plain call (instant on its own)
+    // only gets the one slot once they are all sent.
+    assert!(
+        stream_done + SLACK >= Duration::from_millis(270),
+        "{stream_done:?}"
+    );
+    assert!(
+        plain_done + SLACK >= Duration::from_millis(270),
+        "{plain_done:?}"
+    );
+}
+
+#[tokio::test]
+async fn capacity_set_through_faults_is_shown_and_delete_restores_the_command_line() {
+    let sim = sim::spawn(SimConfig {
+        llm: LlmCapacity {
+            capacity: 3,
+            ..LlmCapacity::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim starts");
+    set_faults(
+        &sim,
+        &FaultSpec {
+            capacity: Some(2),
+            service_ms: Some(100),
+            target: FaultTarget::Chat,
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    let faults = get_json(&sim, "/_faults").await;
+    assert_eq!(faults["chat"]["capacity"], 2);
+    assert_eq!(faults["chat"]["service_ms"], 100);
+    assert_eq!(faults["chat"]["per_token_ms"], 0);
+    let done = concurrent_chats(&sim, 4, &chat_request("laptops?")).await;
+    assert!(done[3] + SLACK >= Duration::from_millis(200), "{done:?}");
+    assert_eq!(get_json(&sim, "/_stats").await["llm"]["max_in_flight"], 2);
+
+    let cleared: Value = client()
+        .delete(format!("{}/_faults", sim.base_url()))
+        .send()
+        .await
+        .expect("faults cleared")
+        .json()
+        .await
+        .expect("json body");
+    assert_eq!(cleared["chat"]["capacity"], 3);
+    assert_eq!(cleared["chat"]["service_ms"], Value::Null);
+
+    // Back to the command line's 3 slots; `latency_ms` alone is now the
+    // service time, spent holding a slot.
+    set_faults(
+        &sim,
+        &FaultSpec {
+            latency_ms: Some(100),
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    client()
+        .post(format!("{}/_stats/reset", sim.base_url()))
+        .send()
+        .await
+        .expect("stats reset");
+    let done = concurrent_chats(&sim, 6, &chat_request("laptops?")).await;
+    assert!(done[5] + SLACK >= Duration::from_millis(200), "{done:?}");
+    assert_eq!(get_json(&sim, "/_stats").await["llm"]["max_in_flight"], 3);
+}
+
+#[tokio::test]
+async fn unlimited_capacity_serves_every_call_at_once() {
+    let sim = start().await;
+    set_faults(
+        &sim,
+        &FaultSpec {
+            latency_ms: Some(100),
+            target: FaultTarget::Chat,
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    let done = concurrent_chats(&sim, 6, &chat_request("laptops?")).await;
+    assert!(done[0] + SLACK >= Duration::from_millis(100), "{done:?}");
+    let llm = get_json(&sim, "/_stats").await["llm"].clone();
+    assert_eq!(
+        llm,
+        json!({"capacity": 0, "in_flight": 0, "max_in_flight": 6, "queued": 0})
+    );
+}
+
 #[tokio::test]
 async fn binary_prints_its_address_serves_and_exits_on_sigterm() {
     use tokio::io::{AsyncBufReadExt, BufReader};
@@ -734,6 +961,10 @@ async fn binary_prints_its_address_serves_and_exits_on_sigterm() {
             "kb2",
             "--dim",
             "32",
+            "--capacity",
+            "8",
+            "--service-ms",
+            "100",
         ])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -764,6 +995,16 @@ async fn binary_prints_its_address_serves_and_exits_on_sigterm() {
         .expect("json body");
     assert_eq!(info["result"]["points_count"], 8);
     assert_eq!(info["result"]["config"]["params"]["vectors"]["size"], 32);
+    let faults: Value = client()
+        .get(format!("http://{addr}/_faults"))
+        .send()
+        .await
+        .expect("answered")
+        .json()
+        .await
+        .expect("json body");
+    assert_eq!(faults["chat"]["capacity"], 8);
+    assert_eq!(faults["chat"]["service_ms"], 100);
 
     let killed = tokio::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])

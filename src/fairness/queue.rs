@@ -17,6 +17,10 @@ use crate::resilience::BoxError;
 const EWMA_ALPHA: f64 = 0.2;
 /// Shortest `Retry-After` (HTTP's is in whole seconds).
 const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// A tenant seen this recently counts as active for fair shares, even
+/// between its requests: a quiet tenant's share does not vanish the moment
+/// its last call returns.
+const RECENT: Duration = Duration::from_secs(1);
 
 /// Per-tenant fair queues in front of `capacity` concurrent calls.
 #[derive(Clone)]
@@ -37,11 +41,17 @@ struct State {
     next_id: u64,
     /// Mean time a slot is held, once one has been.
     service: Option<Duration>,
+    /// Earliest start of the next paced call (see `State::paced`).
+    next_paced: Option<Instant>,
+    /// Whether a task will run `dispatch` at `next_paced`.
+    pacer_armed: bool,
     tenants: HashMap<Arc<str>, Tenant>,
 }
 
 struct Tenant {
     policy: QueuePolicy,
+    /// The tenant's last arrival.
+    last_seen: Instant,
     /// Service received: estimated-then-settled cost over weight.
     counter: f64,
     in_flight: usize,
@@ -80,7 +90,65 @@ impl std::fmt::Debug for Permit {
     }
 }
 
+impl Tenant {
+    fn active(&self, now: Instant) -> bool {
+        self.in_flight > 0 || !self.queue.is_empty() || now.duration_since(self.last_seen) < RECENT
+    }
+}
+
 impl State {
+    /// Whether a call of `tenant` must wait for the pacer. Calls of equal
+    /// length that start together end together, so a saturated backend
+    /// frees its slots in bursts and a newcomer would wait for the next
+    /// burst. While several tenants are active, a tenant at or over its
+    /// fair share is therefore started at most once per service time /
+    /// capacity: starts, and so releases, spread out evenly, and a tenant
+    /// under its share (never paced) finds a slot within about one
+    /// interval. The pace is the backend's own rate, so the capacity stays
+    /// in use; with one tenant active nothing is paced.
+    fn paced(&self, tenant: &str, now: Instant) -> bool {
+        self.next_paced.is_some_and(|at| now < at)
+            && self.tenants.get(tenant).is_some_and(|t| {
+                let (active, weight) = self.active(now);
+                self.pacing_applies(t, active, weight)
+            })
+    }
+
+    /// How many tenants are active, and their total weight.
+    fn active(&self, now: Instant) -> (usize, u32) {
+        self.tenants
+            .values()
+            .filter(|t| t.active(now))
+            .fold((0, 0), |(n, w), t| (n + 1, w + t.policy.weight()))
+    }
+
+    /// Pacing applies to `t` when the service time is known, several
+    /// tenants are active, and `t` holds its fair share or more.
+    fn pacing_applies(&self, t: &Tenant, active: usize, weight: u32) -> bool {
+        if self.service.is_none() || active < 2 {
+            return false;
+        }
+        let share = self.capacity as f64 * f64::from(t.policy.weight()) / f64::from(weight.max(1));
+        t.in_flight as f64 >= share.floor().max(1.0)
+    }
+
+    /// Books the next paced start after a dispatch of `tenant`.
+    fn note_start(&mut self, tenant: &str, now: Instant) {
+        let (active, weight) = self.active(now);
+        let applies = self
+            .tenants
+            .get(tenant)
+            .is_some_and(|t| self.pacing_applies(t, active, weight));
+        if !applies {
+            return;
+        }
+        if let Some(service) = self.service {
+            let interval = service / u32::try_from(self.capacity).unwrap_or(u32::MAX);
+            let from = self.next_paced.map_or(now, |at| at.max(now));
+            self.next_paced = Some(from + interval);
+        }
+    }
+
     /// Lifts a tenant that becomes active to the least counter among the
     /// active ones, so time spent idle is not banked as credit (VTC's
     /// counter lift).
@@ -100,10 +168,11 @@ impl State {
 
     /// The tenant's fair share of the slots, among the active tenants.
     fn fair_slots(&self, tenant: &str) -> f64 {
+        let now = Instant::now();
         let total: u32 = self
             .tenants
             .iter()
-            .filter(|(name, t)| &***name == tenant || t.in_flight > 0 || !t.queue.is_empty())
+            .filter(|(name, t)| &***name == tenant || t.active(now))
             .map(|(_, t)| t.policy.weight())
             .sum();
         let own = self.tenants.get(tenant).map_or(1, |t| t.policy.weight());
@@ -154,36 +223,6 @@ impl State {
             )
         }
     }
-
-    /// Hands free slots to the waiting tenants with the least service,
-    /// until capacity or the queues run out. Returns how many were handed.
-    fn dispatch(&mut self) -> Vec<Arc<str>> {
-        let mut granted = Vec::new();
-        while self.in_flight < self.capacity && self.queued > 0 {
-            let next = self
-                .tenants
-                .iter()
-                .filter(|(_, t)| !t.queue.is_empty())
-                .min_by(|a, b| a.1.counter.total_cmp(&b.1.counter))
-                .map(|(name, _)| name.clone());
-            let Some(name) = next else { break };
-            let Some(t) = self.tenants.get_mut(&name) else {
-                break;
-            };
-            let Some(w) = t.queue.pop_front() else { break };
-            self.queued -= 1;
-            // A waiter whose future is gone removed itself already; a send
-            // can only fail in the instant between, and then the slot stays
-            // free for the next.
-            if w.grant.send(()).is_ok() {
-                t.in_flight += 1;
-                t.counter += w.cost as f64 / f64::from(t.policy.weight());
-                self.in_flight += 1;
-                granted.push(name);
-            }
-        }
-        granted
-    }
 }
 
 impl FairQueue {
@@ -198,6 +237,8 @@ impl FairQueue {
                     queued: 0,
                     next_id: 0,
                     service: None,
+                    next_paced: None,
+                    pacer_armed: false,
                     tenants: HashMap::new(),
                 }),
                 metrics: None,
@@ -248,6 +289,7 @@ impl FairQueue {
                         k.clone(),
                         Tenant {
                             policy,
+                            last_seen: started,
                             counter: 0.0,
                             in_flight: 0,
                             queue: VecDeque::new(),
@@ -260,15 +302,17 @@ impl FairQueue {
                 .tenants
                 .get(&name)
                 .is_some_and(|t| t.in_flight == 0 && t.queue.is_empty());
-            if let Some(t) = s.tenants.get_mut(&name) {
-                // A reload may have changed the policy.
-                t.policy = policy;
-            }
             if was_idle {
                 s.lift(&name);
             }
+            if let Some(t) = s.tenants.get_mut(&name) {
+                // A reload may have changed the policy.
+                t.policy = policy;
+                t.last_seen = started;
+            }
             // The fast path: capacity is free and nobody waits for it.
-            if s.in_flight < s.capacity && s.queued == 0 {
+            if s.queued == 0 && s.in_flight < s.capacity && !s.paced(&name, started) {
+                s.note_start(&name, started);
                 s.in_flight += 1;
                 if let Some(t) = s.tenants.get_mut(&name) {
                     t.in_flight += 1;
@@ -299,7 +343,13 @@ impl FairQueue {
                 });
             }
             s.queued += 1;
+            // A free slot the pacer held back may be this tenant's to take;
+            // or the pacer must be armed for it.
+            let granted = dispatch(shared, &mut s);
             self.observe_depth(&s, &name);
+            for other in granted.iter().filter(|g| **g != name) {
+                observe_depth(shared, &s, other);
+            }
             (id, rx, name)
         };
         let mut waiting = Waiting {
@@ -397,8 +447,75 @@ impl Drop for Waiting {
     }
 }
 
+/// Hands free slots to the waiting tenants with the least service, until
+/// capacity or the queues run out (or the pacer holds back the rest, and is
+/// armed to try again). Returns the tenants served.
+fn dispatch(shared: &Arc<Shared>, s: &mut State) -> Vec<Arc<str>> {
+    let mut granted = Vec::new();
+    let now = Instant::now();
+    while s.in_flight < s.capacity && s.queued > 0 {
+        // Computed once per slot, not once per candidate.
+        let pacing = s.next_paced.is_some_and(|at| now < at);
+        let (active, weight) = s.active(now);
+        let next = s
+            .tenants
+            .iter()
+            .filter(|(_, t)| {
+                let held_back = pacing && s.pacing_applies(t, active, weight);
+                !held_back && !t.queue.is_empty()
+            })
+            .min_by(|a, b| a.1.counter.total_cmp(&b.1.counter))
+            .map(|(name, _)| name.clone());
+        let Some(name) = next else {
+            // Everyone waiting is paced: try again when the pace allows.
+            if let Some(at) = s.next_paced {
+                arm_pacer(shared, s, at);
+            }
+            break;
+        };
+        s.note_start(&name, now);
+        let Some(t) = s.tenants.get_mut(&name) else {
+            break;
+        };
+        let Some(w) = t.queue.pop_front() else { break };
+        s.queued -= 1;
+        // A waiter whose future is gone removed itself already; a send can
+        // only fail in the instant between, and then the slot stays free
+        // for the next.
+        if w.grant.send(()).is_ok() {
+            t.in_flight += 1;
+            t.counter += w.cost as f64 / f64::from(t.policy.weight());
+            s.in_flight += 1;
+            granted.push(name);
+        }
+    }
+    granted
+}
+
+/// Runs `dispatch` again at `at` (once: a pacer already armed will do).
+fn arm_pacer(shared: &Arc<Shared>, s: &mut State, at: Instant) {
+    if s.pacer_armed {
+        return;
+    }
+    // Outside a runtime (a permit dropped at shutdown) there is nobody
+    // left to dispatch to.
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    s.pacer_armed = true;
+    let shared = shared.clone();
+    rt.spawn(async move {
+        tokio::time::sleep_until(at).await;
+        let mut s = lock(&shared.state);
+        s.pacer_armed = false;
+        for name in dispatch(&shared, &mut s) {
+            observe_depth(&shared, &s, &name);
+        }
+    });
+}
+
 /// Frees one slot of `tenant` and dispatches into it.
-fn release(shared: &Shared, s: &mut State, tenant: &str, held: Option<Duration>) {
+fn release(shared: &Arc<Shared>, s: &mut State, tenant: &str, held: Option<Duration>) {
     s.in_flight = s.in_flight.saturating_sub(1);
     if let Some(t) = s.tenants.get_mut(tenant) {
         t.in_flight = t.in_flight.saturating_sub(1);
@@ -409,7 +526,7 @@ fn release(shared: &Shared, s: &mut State, tenant: &str, held: Option<Duration>)
             Some(mean) => mean.mul_f64(1.0 - EWMA_ALPHA) + held.mul_f64(EWMA_ALPHA),
         });
     }
-    for name in s.dispatch() {
+    for name in dispatch(shared, s) {
         observe_depth(shared, s, &name);
     }
 }

@@ -397,3 +397,53 @@ fn bad_policies_are_refused_naming_the_key_and_value() {
         assert!(err.to_string().contains(value), "{err}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_under_its_share_waits_about_one_interval_while_another_floods() {
+    // Capacity 8, calls of exactly 100 ms: unpaced, the flood's calls would
+    // start and end together, and a newcomer would wait up to 100 ms for
+    // the next burst of releases. Paced, releases come every 12.5 ms.
+    let service = 100 * MS;
+    let q = FairQueue::new("llm", 8);
+    let served = Served::default();
+    let until = Instant::now() + Duration::from_secs(6);
+    backlog(
+        &q,
+        &served,
+        Load {
+            tenant: "noisy",
+            weight: 1,
+            cost: 100,
+            clients: 40,
+            hold: service,
+            until,
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut worst = Duration::ZERO;
+    let mut quiet_calls = 0u64;
+    while Instant::now() + Duration::from_secs(1) < until {
+        let t = Instant::now();
+        let p = q.acquire("quiet", patient(1), 100, None).await.unwrap();
+        worst = worst.max(t.elapsed());
+        tokio::time::sleep(service).await;
+        drop(p);
+        quiet_calls += 1;
+        // Arrivals that do not line up with the service time.
+        tokio::time::sleep(37 * MS).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        worst <= 2 * service / 8,
+        "quiet waited up to {worst:?}; an interval is {:?}",
+        service / 8
+    );
+    // The pace is the backend's own rate: the flood still gets what the
+    // quiet tenant leaves (8 slots / 100 ms = 80 calls/s, minus quiet's).
+    let noisy = served.lock().unwrap()["noisy"] / 100;
+    let left = 6.0 * 80.0 - quiet_calls as f64;
+    assert!(
+        noisy as f64 >= 0.9 * left,
+        "noisy got {noisy} calls of the {left} the quiet tenant left"
+    );
+}

@@ -70,3 +70,95 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The layer against `tower_test::mock`: readiness, the identity it
+    //! needs, exempt paths, and refusals that never reach the inner
+    //! service.
+
+    use std::net::IpAddr;
+    use std::task::Poll;
+
+    use http::{Request, Response};
+    use tower_test::mock;
+
+    use super::*;
+    use crate::identity::NetworkClass;
+    use crate::ratelimit::policy::Policy;
+    use crate::ratelimit::store::MemoryStore;
+    use crate::ratelimit::{LimitConfig, RateLimitConfig, RateLimitLayer, RateLimited};
+
+    fn layer(limit: u64) -> RateLimitLayer {
+        let mut config = RateLimitConfig::default();
+        if let Some(t) = config.tiers.get_mut("PUBLIC_IP") {
+            t.limits = vec![LimitConfig::per(limit, std::time::Duration::from_secs(60))];
+        }
+        let limiter = Limiter::new(Policy::new(config), Arc::new(MemoryStore::new()));
+        RateLimitLayer::new(Arc::new(limiter))
+    }
+
+    fn request(path: &str) -> Request<()> {
+        let mut req = Request::get(path).body(()).unwrap();
+        req.extensions_mut().insert(Identity::anonymous(
+            IpAddr::from([203, 0, 113, 9]),
+            NetworkClass::Public,
+        ));
+        req
+    }
+
+    #[tokio::test]
+    async fn readiness_is_the_inner_services_and_wakes_with_it() {
+        let (mut svc, mut handle) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer(5));
+        handle.allow(0);
+        assert!(matches!(svc.poll_ready(), Poll::Pending));
+        handle.allow(1);
+        assert!(svc.is_woken());
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+    }
+
+    #[tokio::test]
+    async fn admitted_requests_get_the_headers_and_refused_ones_never_reach_the_service() {
+        let (mut svc, mut handle) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer(1));
+        handle.allow(2);
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+        // The limiter decides before the inner call: drive the future.
+        let fut = tokio::spawn(svc.call(request("/v1/chat")));
+        let (_, send) = handle.next_request().await.expect("admitted");
+        send.send_response(Response::new(()));
+        let resp = fut.await.expect("joined").expect("answered");
+        assert_eq!(resp.headers()["x-ratelimit-remaining"], "0");
+
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+        let err = svc.call(request("/v1/chat")).await.expect_err("limited");
+        let rejection = err
+            .downcast_ref::<crate::ratelimit::Rejection>()
+            .expect("Rejection");
+        assert!(rejection.error.is::<RateLimited>());
+        assert_eq!(rejection.headers["x-ratelimit-remaining"], "0");
+        let forwarded =
+            tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request()).await;
+        assert!(forwarded.is_err(), "the refused request was not forwarded");
+    }
+
+    #[tokio::test]
+    async fn exempt_paths_pass_without_an_identity_and_others_need_one() {
+        let (mut svc, mut handle) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer(1));
+        handle.allow(2);
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+        let fut = tokio::spawn(svc.call(Request::get("/health").body(()).unwrap()));
+        let (_, send) = handle.next_request().await.expect("exempt");
+        send.send_response(Response::new(()));
+        fut.await.expect("joined").expect("answered");
+
+        assert!(matches!(svc.poll_ready(), Poll::Ready(Ok(()))));
+        let err = svc
+            .call(Request::get("/v1/chat").body(()).unwrap())
+            .await
+            .expect_err("no identity");
+        assert!(
+            err.is::<MissingIdentity>(),
+            "a wiring bug is a 500, not an unlimited request"
+        );
+    }
+}

@@ -22,11 +22,11 @@ struct Cli {
 enum Command {
     /// Run scenarios and write chaos-report/.
     Run {
-        /// `ci` (about 2.5 minutes for all) or `full` (longer, heavier).
+        /// `ci` (about 3 minutes for all) or `full` (longer, heavier).
         #[arg(long, default_value = "ci")]
         profile: String,
         /// Only these scenarios (repeatable); all by default.
-        #[arg(long = "scenario")]
+        #[arg(long = "scenario", visible_alias = "only", value_name = "NAME")]
         scenarios: Vec<String>,
         /// Report directory.
         #[arg(long, default_value = "chaos-report")]
@@ -80,23 +80,7 @@ async fn main() -> anyhow::Result<()> {
             };
             let report = runner::run(&profile, &selected, &bins).await;
             for s in &report.scenarios {
-                say(&format!(
-                    "{} {}",
-                    if s.passed { "PASS" } else { "FAIL" },
-                    s.name
-                ));
-                if let Some(e) = &s.error {
-                    say(&format!("    error: {e}"));
-                }
-                for a in &s.assertions {
-                    say(&format!(
-                        "    [{}] {}: {} | measured: {}",
-                        if a.passed { "ok" } else { "FAILED" },
-                        a.name,
-                        a.expected,
-                        a.measured
-                    ));
-                }
+                print_scenario(s);
             }
             report::write(&report, &out)?;
             say(&format!(
@@ -114,6 +98,43 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// One scenario's verdict and assertions, then its contrast's, whose
+/// verdict is not the scenario's.
+fn print_scenario(s: &report::ScenarioReport) {
+    let variant = s
+        .variant
+        .as_deref()
+        .map_or_else(String::new, |v| format!(" ({v})"));
+    say(&format!(
+        "{} {}{variant}",
+        if s.passed { "PASS" } else { "FAIL" },
+        s.name
+    ));
+    print_details(s, "    ");
+    if let Some(c) = &s.contrast {
+        say(&format!(
+            "    contrast ({}), shown for comparison, not part of the verdict:",
+            c.variant.as_deref().unwrap_or("contrast")
+        ));
+        print_details(c, "        ");
+    }
+}
+
+fn print_details(s: &report::ScenarioReport, indent: &str) {
+    if let Some(e) = &s.error {
+        say(&format!("{indent}error: {e}"));
+    }
+    for a in &s.assertions {
+        say(&format!(
+            "{indent}[{}] {}: {} | measured: {}",
+            if a.passed { "ok" } else { "FAILED" },
+            a.name,
+            a.expected,
+            a.measured
+        ));
     }
 }
 

@@ -3,12 +3,20 @@
 //!
 //! Prints exactly one line to stdout once listening,
 //! `levee-upstream-sim listening on 127.0.0.1:PORT`, and logs to stderr.
+//!
+//! `--capacity N --service-ms MS` makes the LLM finite: N chat completions
+//! in service at once, each for MS (plus `--per-token-ms` per completion
+//! token), the rest queued in arrival order, e.g.
+//! `levee-upstream-sim --listen 127.0.0.1:0 --capacity 8 --service-ms 100`
+//! serves about 80 calls/s and queues beyond that.
 
 use std::io::Write;
 
 use anyhow::Context;
 use clap::Parser;
-use levee_chaos::sim::{self, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM, LISTENING_PREFIX};
+use levee_chaos::sim::{
+    self, LlmCapacity, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM, LISTENING_PREFIX,
+};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -28,6 +36,21 @@ struct Cli {
     /// Embedding dimension.
     #[arg(long, default_value_t = DEFAULT_DIM)]
     dim: usize,
+    /// Chat completions (streamed or not) in service at once; calls beyond
+    /// it wait in arrival order, so latency grows with the queue like a
+    /// real model server's. 0 = unlimited. POST /_faults `capacity`
+    /// changes it at run time; DELETE /_faults restores this value.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    capacity: usize,
+    /// Base service time of a chat completion, holding its slot [default:
+    /// the chat fault's `latency_ms`, i.e. 0 unless a fault sets it].
+    /// POST /_faults `service_ms` overrides it.
+    #[arg(long, value_name = "MS")]
+    service_ms: Option<u64>,
+    /// Service time per completion token returned, holding the slot too.
+    /// POST /_faults `per_token_ms` overrides it.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    per_token_ms: u64,
 }
 
 #[tokio::main]
@@ -44,6 +67,11 @@ async fn main() -> anyhow::Result<()> {
     let config = SimConfig {
         collection: cli.collection,
         dim: cli.dim,
+        llm: LlmCapacity {
+            capacity: cli.capacity,
+            service_ms: cli.service_ms,
+            per_token_ms: cli.per_token_ms,
+        },
     };
     config.validate().context("invalid configuration")?;
     let listener = TcpListener::bind(&cli.listen)

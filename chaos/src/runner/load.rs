@@ -3,6 +3,11 @@
 //! have answered, so a slow gateway cannot slow the load down and hide its
 //! own latency (no coordinated omission). Every request ends as a
 //! [`Sample`]: a status, a client timeout or a transport error.
+//!
+//! A load is one or more [`Stream`]s running side by side, each with its
+//! own rate, start, headers (an API key makes it a tenant) and HTTP client,
+//! so one tenant's connections never queue behind another's; samples carry
+//! their stream's tenant label.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,6 +45,9 @@ pub struct Sample {
     pub body_degraded: bool,
     /// The body's `error` code (errors only).
     pub error_code: Option<String>,
+    /// The tenant label of the stream that sent it; `None` for anonymous
+    /// traffic.
+    pub tenant: Option<String>,
 }
 
 /// The replicas load goes to, round robin over the live ones; a scenario
@@ -47,17 +55,70 @@ pub struct Sample {
 #[derive(Debug, Clone, Default)]
 pub struct Targets(Arc<Mutex<Vec<Option<String>>>>);
 
-/// What to send, how often, for how long.
+/// What to send: streams side by side, one client timeout.
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
-    /// Requests per second.
-    pub rate: u32,
-    /// How long requests are sent.
-    pub duration: Duration,
+    /// The streams, each open-loop on its own schedule.
+    pub streams: Vec<Stream>,
     /// Client timeout of one request.
     pub timeout: Duration,
+}
+
+/// One open-loop stream of `POST /v1/chat` requests.
+#[derive(Debug, Clone)]
+pub struct Stream {
+    /// The label its samples carry (the tenant its key belongs to);
+    /// `None` for anonymous traffic.
+    pub tenant: Option<String>,
+    /// Requests per second.
+    pub rate: u32,
+    /// First send, from the start of the load.
+    pub from: Duration,
+    /// How long it sends.
+    pub duration: Duration,
+    /// Extra request headers, e.g. `("X-API-Key", key)`.
+    pub headers: Vec<(String, String)>,
     /// The chat `message` (decides the route: "Hello" skips retrieval).
     pub message: String,
+    /// The body's `user_id`.
+    pub user_id: String,
+    /// The body's `thread_id`; `None`: sixteen `chaos-N` threads in turn,
+    /// so memory is exercised but stays small.
+    pub thread_id: Option<String>,
+}
+
+impl LoadSpec {
+    /// One anonymous stream at `rate` for `duration` from the start,
+    /// sending `message`: the load of most scenarios.
+    pub fn single(rate: u32, duration: Duration, timeout: Duration, message: &str) -> Self {
+        Self {
+            streams: vec![Stream {
+                tenant: None,
+                rate,
+                from: Duration::ZERO,
+                duration,
+                headers: Vec::new(),
+                message: message.to_owned(),
+                user_id: "chaos".to_owned(),
+                thread_id: None,
+            }],
+            timeout,
+        }
+    }
+
+    /// When the last stream stops sending.
+    pub fn duration(&self) -> Duration {
+        self.streams
+            .iter()
+            .map(|s| s.from + s.duration)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Requests per second with every stream sending (the peak).
+    pub fn rate(&self) -> u32 {
+        self.streams.iter().map(|s| s.rate).sum()
+    }
 }
 
 impl Targets {
@@ -102,38 +163,65 @@ impl Targets {
     }
 }
 
-/// Sends `spec.rate` requests per second for `spec.duration` from `start`,
-/// and returns every request's sample once all have ended.
+/// Runs every stream of `spec` from `start`, and returns every request's
+/// sample, by send time, once all have ended.
 pub async fn run(spec: LoadSpec, targets: Targets, start: Instant) -> Vec<Sample> {
+    let streams = spec
+        .streams
+        .into_iter()
+        .map(|stream| run_stream(stream, spec.timeout, targets.clone(), start));
+    let mut samples: Vec<Sample> = futures::future::join_all(streams)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    samples.sort_by_key(|s| s.sent);
+    samples
+}
+
+/// Sends `stream.rate` requests per second for `stream.duration` from
+/// `start + stream.from`, and returns the samples once all have ended.
+async fn run_stream(
+    stream: Stream,
+    timeout: Duration,
+    targets: Targets,
+    start: Instant,
+) -> Vec<Sample> {
     let client = match reqwest::Client::builder()
-        .timeout(spec.timeout)
+        .timeout(timeout)
         .pool_max_idle_per_host(256)
         .build()
     {
         Ok(c) => c,
         Err(_) => reqwest::Client::new(),
     };
-    let total = (spec.duration.as_secs_f64() * f64::from(spec.rate)).round() as u64;
-    let interval = Duration::from_secs_f64(1.0 / f64::from(spec.rate.max(1)));
+    let total = (stream.duration.as_secs_f64() * f64::from(stream.rate)).round() as u64;
+    let interval = Duration::from_secs_f64(1.0 / f64::from(stream.rate.max(1)));
     let samples = Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
+    let stream = Arc::new(stream);
     let mut tasks = Vec::with_capacity(total as usize);
     for n in 0..total {
-        let due = start + interval.mul_f64(n as f64);
+        let due = start + stream.from + interval.mul_f64(n as f64);
         tokio::time::sleep_until(due).await;
         let Some((replica, url)) = targets.pick(n) else {
             continue;
         };
+        let thread_id = match &stream.thread_id {
+            Some(id) => id.clone(),
+            None => format!("chaos-{}", n % 16),
+        };
         let body = json!({
-            "message": spec.message,
-            "user_id": "chaos",
-            // A handful of threads: memory is exercised but stays small.
-            "thread_id": format!("chaos-{}", n % 16),
+            "message": stream.message,
+            "user_id": stream.user_id,
+            "thread_id": thread_id,
         });
-        let client = client.clone();
-        let samples = samples.clone();
+        let (client, samples, stream) = (client.clone(), samples.clone(), stream.clone());
         tasks.push(tokio::spawn(async move {
             let sent = due.saturating_duration_since(start);
-            let sample = one(&client, &url, &body, replica, sent, due).await;
+            let mut sample = one(&client, &url, &stream.headers, &body, due).await;
+            sample.sent = sent;
+            sample.replica = replica;
+            sample.tenant.clone_from(&stream.tenant);
             samples
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -143,39 +231,40 @@ pub async fn run(spec: LoadSpec, targets: Targets, start: Instant) -> Vec<Sample
     for task in tasks {
         let _ = task.await;
     }
-    let mut samples = std::mem::take(
+    let samples = std::mem::take(
         &mut *samples
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    samples.sort_by_key(|s| s.sent);
     samples
 }
 
-/// One request; latency counts from its scheduled send time.
+/// One request; latency counts from its scheduled send time. The caller
+/// fills in when it was sent, where it went and for whom.
 async fn one(
     client: &reqwest::Client,
     url: &str,
+    headers: &[(String, String)],
     body: &Value,
-    replica: usize,
-    sent: Duration,
     due: Instant,
 ) -> Sample {
     let mut sample = Sample {
-        sent,
+        sent: Duration::ZERO,
         latency: Duration::ZERO,
         outcome: Outcome::Error,
-        replica,
+        replica: 0,
         ratelimit_degraded: false,
         retry_after: false,
         body_degraded: false,
         error_code: None,
+        tenant: None,
     };
-    let result = client
-        .post(format!("{url}/v1/chat"))
-        .json(body)
-        .send()
-        .await;
+    let request = headers
+        .iter()
+        .fold(client.post(format!("{url}/v1/chat")), |r, (name, value)| {
+            r.header(name, value)
+        });
+    let result = request.json(body).send().await;
     match result {
         Ok(resp) => {
             let status = resp.status().as_u16();

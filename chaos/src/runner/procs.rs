@@ -12,6 +12,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::sim::LlmCapacity;
+
 /// How long a process may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -150,16 +152,19 @@ async fn ping(addr: SocketAddr) -> bool {
 pub struct SimProc {
     child: Owned,
     binary: PathBuf,
+    llm: LlmCapacity,
     /// Its port, kept across restarts.
     pub port: u16,
 }
 
 impl SimProc {
-    /// Starts `binary --listen 127.0.0.1:PORT` on a free port.
-    pub async fn start(binary: &Path) -> anyhow::Result<Self> {
+    /// Starts `binary --listen 127.0.0.1:PORT` on a free port, its LLM
+    /// limited to `llm` (kept across restarts).
+    pub async fn start(binary: &Path, llm: LlmCapacity) -> anyhow::Result<Self> {
         let mut sim = Self {
             child: Owned(None),
             binary: binary.to_owned(),
+            llm,
             port: free_port()?,
         };
         sim.restart().await?;
@@ -184,9 +189,18 @@ impl SimProc {
     /// Starts it again on the same port and waits for its address line.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.child.kill();
-        let mut child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        command
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--capacity")
+            .arg(self.llm.capacity.to_string())
+            .arg("--per-token-ms")
+            .arg(self.llm.per_token_ms.to_string());
+        if let Some(ms) = self.llm.service_ms {
+            command.arg("--service-ms").arg(ms.to_string());
+        }
+        let mut child = command
             .env("RUST_LOG", "error")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

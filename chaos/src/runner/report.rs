@@ -2,6 +2,11 @@
 //! status, p50 / p99 / max from an HDR histogram), the fault window, the
 //! assertions with their measured values; written as JSON plus one SVG
 //! chart per scenario.
+//!
+//! A scenario whose load has tenants also gets a timeline and a summary
+//! (before / during the fault window) per tenant, and a contrast run (see
+//! `scenario::Contrast`) nests its own report under `contrast`; its chart
+//! puts the two runs side by side, per tenant.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,6 +14,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -72,6 +80,48 @@ pub struct ScenarioReport {
     /// A scenario that could not run (a process failed to start).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Which run this is when the scenario has a contrast, e.g.
+    /// `isolation on`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// Per tenant: before and during the fault window.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSummary>,
+    /// Per tenant: the timeline of its requests alone.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenant_timelines: BTreeMap<String, Vec<Slice>>,
+    /// The contrast run, reported beside this one; its verdict is not
+    /// this one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contrast: Option<Box<ScenarioReport>>,
+}
+
+/// One tenant's requests before and during the fault window.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantSummary {
+    /// The tenant label.
+    pub tenant: String,
+    /// Sent before the fault window.
+    pub before: Phase,
+    /// Sent during the fault window.
+    pub during: Phase,
+}
+
+/// Counts, latencies and admitted rate of the requests sent in a window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    /// `[from, to)` seconds.
+    pub window_s: [f64; 2],
+    /// Requests by outcome.
+    pub counts: BTreeMap<String, u64>,
+    /// Latency percentiles in milliseconds (0 without requests).
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+    /// 200s per second of the window.
+    pub ok_per_s: f64,
 }
 
 /// The whole run.
@@ -110,51 +160,43 @@ fn outcome_key(o: Outcome) -> String {
 impl ScenarioReport {
     /// The report of a scenario that ran.
     pub fn new(scenario: &Scenario, samples: &[Sample], assertions: Vec<Assertion>) -> Self {
-        let slices = (scenario.load.duration.as_secs_f64() / SLICE.as_secs_f64()).ceil() as usize;
-        let mut counts = vec![BTreeMap::<String, u64>::new(); slices.max(1)];
-        let mut hists: Vec<Option<Histogram<u64>>> = vec![None; slices.max(1)];
-        let mut totals = BTreeMap::new();
+        let duration = scenario.load.duration();
+        let (slices, totals) = timeline(samples, duration);
+        let mut by_tenant = BTreeMap::<String, Vec<Sample>>::new();
         for s in samples {
-            let i = ((s.sent.as_secs_f64() / SLICE.as_secs_f64()) as usize).min(counts.len() - 1);
-            let key = outcome_key(s.outcome);
-            *counts[i].entry(key.clone()).or_default() += 1;
-            *totals.entry(key).or_default() += 1;
-            let hist = hists[i].get_or_insert_with(|| {
-                // 1 µs .. 60 s, 3 significant digits.
-                Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant bounds are valid")
-            });
-            hist.saturating_record((s.latency.as_micros() as u64).max(1));
+            if let Some(tenant) = &s.tenant {
+                by_tenant.entry(tenant.clone()).or_default().push(s.clone());
+            }
         }
-        let timeline = counts
-            .into_iter()
-            .zip(hists)
-            .enumerate()
-            .map(|(i, (counts, hist))| {
-                let q = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-                Slice {
-                    t_s: i as f64 * SLICE.as_secs_f64(),
-                    counts,
-                    p50_ms: hist.as_ref().map_or(0.0, |h| q(h, 0.5)),
-                    p99_ms: hist.as_ref().map_or(0.0, |h| q(h, 0.99)),
-                    max_ms: hist.as_ref().map_or(0.0, |h| h.max() as f64 / 1000.0),
-                }
+        let (from, to) = scenario.fault_window;
+        let tenants = by_tenant
+            .iter()
+            .map(|(tenant, samples)| TenantSummary {
+                tenant: tenant.clone(),
+                before: phase(samples, Duration::ZERO, from),
+                during: phase(samples, from, to),
             })
+            .collect();
+        let tenant_timelines = by_tenant
+            .into_iter()
+            .map(|(tenant, samples)| (tenant, timeline(&samples, duration).0))
             .collect();
         Self {
             name: scenario.name.to_owned(),
             summary: scenario.summary.to_owned(),
             passed: assertions.iter().all(|a| a.passed),
-            rate: scenario.load.rate,
-            duration_s: scenario.load.duration.as_secs_f64(),
+            rate: scenario.load.rate(),
+            duration_s: duration.as_secs_f64(),
             replicas: scenario.replicas,
-            fault_window_s: [
-                scenario.fault_window.0.as_secs_f64(),
-                scenario.fault_window.1.as_secs_f64(),
-            ],
+            fault_window_s: [from.as_secs_f64(), to.as_secs_f64()],
             totals,
             assertions,
-            timeline,
+            timeline: slices,
             error: None,
+            variant: None,
+            tenants,
+            tenant_timelines,
+            contrast: None,
         }
     }
 
@@ -167,6 +209,78 @@ impl ScenarioReport {
     }
 }
 
+/// A fresh histogram: 1 µs .. 60 s, 3 significant digits.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant bounds are valid")
+}
+
+fn record(hist: &mut Histogram<u64>, s: &Sample) {
+    hist.saturating_record((s.latency.as_micros() as u64).max(1));
+}
+
+/// `q` of `hist` in milliseconds.
+fn quantile_ms(hist: &Histogram<u64>, q: f64) -> f64 {
+    hist.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// The slices of `samples` over a load of `duration`, and the totals by
+/// outcome.
+fn timeline(samples: &[Sample], duration: Duration) -> (Vec<Slice>, BTreeMap<String, u64>) {
+    let slices = (duration.as_secs_f64() / SLICE.as_secs_f64()).ceil() as usize;
+    let mut counts = vec![BTreeMap::<String, u64>::new(); slices.max(1)];
+    let mut hists: Vec<Option<Histogram<u64>>> = vec![None; slices.max(1)];
+    let mut totals = BTreeMap::new();
+    for s in samples {
+        let i = ((s.sent.as_secs_f64() / SLICE.as_secs_f64()) as usize).min(counts.len() - 1);
+        let key = outcome_key(s.outcome);
+        *counts[i].entry(key.clone()).or_default() += 1;
+        *totals.entry(key).or_default() += 1;
+        record(hists[i].get_or_insert_with(histogram), s);
+    }
+    let timeline = counts
+        .into_iter()
+        .zip(hists)
+        .enumerate()
+        .map(|(i, (counts, hist))| Slice {
+            t_s: i as f64 * SLICE.as_secs_f64(),
+            counts,
+            p50_ms: hist.as_ref().map_or(0.0, |h| quantile_ms(h, 0.5)),
+            p99_ms: hist.as_ref().map_or(0.0, |h| quantile_ms(h, 0.99)),
+            max_ms: hist.as_ref().map_or(0.0, |h| h.max() as f64 / 1000.0),
+        })
+        .collect();
+    (timeline, totals)
+}
+
+/// The requests of `samples` sent in `[from, to)`.
+fn phase(samples: &[Sample], from: Duration, to: Duration) -> Phase {
+    let mut counts = BTreeMap::<String, u64>::new();
+    let mut hist = histogram();
+    let mut ok = 0_u64;
+    for s in samples.iter().filter(|s| s.sent >= from && s.sent < to) {
+        *counts.entry(outcome_key(s.outcome)).or_default() += 1;
+        record(&mut hist, s);
+        ok += u64::from(s.outcome == Outcome::Status(200));
+    }
+    let (some, window) = (!hist.is_empty(), to.saturating_sub(from).as_secs_f64());
+    Phase {
+        window_s: [from.as_secs_f64(), to.as_secs_f64()],
+        counts,
+        p50_ms: if some { quantile_ms(&hist, 0.5) } else { 0.0 },
+        p99_ms: if some { quantile_ms(&hist, 0.99) } else { 0.0 },
+        max_ms: if some {
+            hist.max() as f64 / 1000.0
+        } else {
+            0.0
+        },
+        ok_per_s: if window > 0.0 {
+            ok as f64 / window
+        } else {
+            0.0
+        },
+    }
+}
+
 /// Writes `report.json` and `<scenario>.svg` into `dir`.
 pub fn write(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -174,7 +288,12 @@ pub fn write(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
     std::fs::write(dir.join("report.json"), json)?;
     for scenario in &report.scenarios {
         let path = dir.join(format!("{}.svg", scenario.name));
-        chart(scenario, &path).with_context(|| format!("drawing {}", path.display()))?;
+        let drawn = if scenario.tenant_timelines.is_empty() {
+            chart(scenario, &path)
+        } else {
+            tenant_chart(scenario, &path)
+        };
+        drawn.with_context(|| format!("drawing {}", path.display()))?;
     }
     Ok(())
 }
@@ -303,4 +422,278 @@ pub fn chart(report: &ScenarioReport, path: &Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// Colour of the `i`-th tenant's latency lines.
+fn tenant_colour(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 4] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(23, 190, 207),
+        RGBColor(148, 103, 189),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Plotters' errors carry the backend's type; the report only shows them.
+fn draw_error(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+/// Per tenant, latency (top) and requests per slice by status (bottom),
+/// one column per run: the contrast on the left, the main run on the
+/// right, on shared axes so that the columns compare at a glance.
+pub fn tenant_chart(report: &ScenarioReport, path: &Path) -> anyhow::Result<()> {
+    let runs: Vec<&ScenarioReport> = report
+        .contrast
+        .as_deref()
+        .into_iter()
+        .chain([report])
+        .collect();
+    let width = 720 * u32::try_from(runs.len()).unwrap_or(1);
+    let root = SVGBackend::new(path, (width, 680)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_error)?;
+    let slices = || {
+        runs.iter()
+            .flat_map(|r| r.tenant_timelines.values().flatten())
+    };
+    let max_ms = slices().map(|s| s.p99_ms).fold(1.0_f64, f64::max) * 1.1;
+    let max_count = slices()
+        .flat_map(|s| s.counts.values().copied())
+        .max()
+        .unwrap_or(1) as f64
+        * 1.1;
+    for (run, column) in runs.iter().zip(root.split_evenly((1, runs.len()))) {
+        let (top, bottom) = column.split_vertically(360);
+        tenant_latency(run, &top, max_ms)?;
+        tenant_counts(run, &bottom, max_count)?;
+    }
+    root.present().map_err(draw_error)?;
+    Ok(())
+}
+
+/// One run's p50 (dashed) and p99 (solid) per tenant over time.
+fn tenant_latency(
+    run: &ScenarioReport,
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    max_ms: f64,
+) -> anyhow::Result<()> {
+    let verdict = if run.passed { "PASS" } else { "FAIL" };
+    let variant = run.variant.as_deref().unwrap_or("run");
+    let mut lat = ChartBuilder::on(area)
+        .caption(
+            format!("{}, {variant} ({verdict}): latency by tenant", run.name),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..run.duration_s.max(0.25), 0.0..max_ms)
+        .map_err(draw_error)?;
+    lat.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("ms")
+        .draw()
+        .map_err(draw_error)?;
+    shade_fault_window(&mut lat, run, max_ms)?;
+    for (i, (tenant, timeline)) in run.tenant_timelines.iter().enumerate() {
+        let c = tenant_colour(i);
+        let points = |pick: fn(&Slice) -> f64| -> Vec<(f64, f64)> {
+            timeline
+                .iter()
+                .filter(|s| !s.counts.is_empty())
+                .map(|s| (s.t_s + 0.125, pick(s)))
+                .collect()
+        };
+        lat.draw_series(LineSeries::new(points(|s| s.p99_ms), c.stroke_width(2)))
+            .map_err(draw_error)?
+            .label(format!("{tenant} p99"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+        lat.draw_series(DashedLineSeries::new(
+            points(|s| s.p50_ms),
+            4,
+            3,
+            c.stroke_width(2),
+        ))
+        .map_err(draw_error)?
+        .label(format!("{tenant} p50"))
+        .legend(move |(x, y)| {
+            DashedPathElement::new(vec![(x, y), (x + 15, y)], 4, 3, c.stroke_width(2))
+        });
+    }
+    lat.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_error)?;
+    Ok(())
+}
+
+/// One run's requests per slice by tenant and status: coloured by status,
+/// the first tenant solid and the others dashed.
+fn tenant_counts(
+    run: &ScenarioReport,
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    max_count: f64,
+) -> anyhow::Result<()> {
+    let mut cnt = ChartBuilder::on(area)
+        .caption(
+            "requests per 250 ms by tenant and status",
+            ("sans-serif", 16),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..run.duration_s.max(0.25), 0.0..max_count)
+        .map_err(draw_error)?;
+    cnt.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("requests")
+        .draw()
+        .map_err(draw_error)?;
+    shade_fault_window(&mut cnt, run, max_count)?;
+    for (i, (tenant, timeline)) in run.tenant_timelines.iter().enumerate() {
+        let mut keys: Vec<&String> = timeline.iter().flat_map(|s| s.counts.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let c = colour(key).stroke_width(2);
+            let points: Vec<(f64, f64)> = timeline
+                .iter()
+                .map(|s| {
+                    (
+                        s.t_s + 0.125,
+                        s.counts.get(key).copied().unwrap_or(0) as f64,
+                    )
+                })
+                .collect();
+            let label = format!("{tenant} {key}");
+            if i == 0 {
+                cnt.draw_series(LineSeries::new(points, c))
+                    .map_err(draw_error)?
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
+            } else {
+                cnt.draw_series(DashedLineSeries::new(points, 4, 3, c))
+                    .map_err(draw_error)?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        DashedPathElement::new(vec![(x, y), (x + 15, y)], 4, 3, c)
+                    });
+            }
+        }
+    }
+    cnt.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_error)?;
+    Ok(())
+}
+
+/// Shades the fault window of `run` up to `top`.
+fn shade_fault_window(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    run: &ScenarioReport,
+    top: f64,
+) -> anyhow::Result<()> {
+    let [from, to] = run.fault_window_s;
+    let shade = RGBColor(255, 200, 200).mix(0.45);
+    chart
+        .draw_series(std::iter::once(Rectangle::new(
+            [(from, 0.0), (to, top)],
+            shade.filled(),
+        )))
+        .map_err(draw_error)?
+        .label("fault window")
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], shade.filled()));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load::{Outcome, Sample};
+    use super::super::scenario::{noisy_neighbour, Profile};
+    use super::*;
+
+    fn sample(tenant: &str, sent_ms: u64, latency_ms: u64, code: u16) -> Sample {
+        Sample {
+            sent: Duration::from_millis(sent_ms),
+            latency: Duration::from_millis(latency_ms),
+            outcome: Outcome::Status(code),
+            replica: 0,
+            ratelimit_degraded: false,
+            retry_after: code != 200,
+            body_degraded: false,
+            error_code: None,
+            tenant: Some(tenant.to_owned()),
+        }
+    }
+
+    #[test]
+    fn tenants_are_summarised_before_and_during_the_fault_window() {
+        let scenario = noisy_neighbour(&Profile::CI);
+        // Quiet: 30 requests before the flood (at 6 s), 60 during; noisy:
+        // 120 during, a third of them 429s.
+        let mut samples: Vec<Sample> = (0..90)
+            .map(|n| sample("quiet", n * 200, 100 + n % 10, 200))
+            .collect();
+        samples.extend((0..120).map(|n| {
+            let code = if n % 3 == 0 { 429 } else { 200 };
+            sample("noisy", 6_000 + n * 100, 150, code)
+        }));
+        let report = ScenarioReport::new(&scenario, &samples, Vec::new());
+        assert_eq!(report.rate, 165);
+        assert_eq!(report.duration_s, 18.0);
+        let [noisy, quiet] = &report.tenants[..] else {
+            panic!("two tenants: {:?}", report.tenants);
+        };
+        assert_eq!(
+            (quiet.tenant.as_str(), noisy.tenant.as_str()),
+            ("quiet", "noisy")
+        );
+        assert_eq!(quiet.before.counts["200"], 30);
+        assert_eq!(quiet.during.counts["200"], 60);
+        assert_eq!(quiet.before.ok_per_s, 5.0);
+        // HDR keeps 3 significant digits: 109 ms reads back as 109.055.
+        assert!(
+            (quiet.before.max_ms - 109.0).abs() < 0.1,
+            "{}",
+            quiet.before.max_ms
+        );
+        assert!(noisy.before.counts.is_empty());
+        assert_eq!(noisy.during.counts["429"], 40);
+        assert_eq!(noisy.during.ok_per_s, 80.0 / 12.0);
+        // One timeline per tenant, one slice per 250 ms of load.
+        assert_eq!(report.tenant_timelines["quiet"].len(), 72);
+        assert_eq!(report.tenant_timelines["noisy"].len(), 72);
+    }
+
+    #[test]
+    fn tenant_chart_draws_the_contrast_beside_the_main_run() {
+        let scenario = noisy_neighbour(&Profile::CI);
+        let samples = |code| -> Vec<Sample> {
+            (0..90)
+                .map(|n| sample("quiet", n * 200, 105, if n < 30 { 200 } else { code }))
+                .chain((0..120).map(|n| sample("noisy", 6_000 + n * 100, 150, 200)))
+                .collect()
+        };
+        let mut contrast = ScenarioReport::new(&scenario, &samples(503), Vec::new());
+        contrast.variant = Some("isolation off".to_owned());
+        let mut report = ScenarioReport::new(&scenario, &samples(200), Vec::new());
+        report.variant = Some("isolation on".to_owned());
+        report.contrast = Some(Box::new(contrast));
+
+        let path = std::env::temp_dir().join(format!("levee-chaos-nn-{}.svg", std::process::id()));
+        tenant_chart(&report, &path).expect("chart draws");
+        let svg = std::fs::read_to_string(&path).expect("svg written");
+        let _ = std::fs::remove_file(&path);
+        assert!(svg.contains(r#"width="1440""#), "two 720 px columns");
+        let off = svg.find("isolation off").expect("contrast column");
+        let on = svg.find("isolation on").expect("main column");
+        assert!(off < on, "the contrast is drawn first, on the left");
+        for label in ["quiet p99", "noisy p50", "quiet 503", "noisy 200"] {
+            assert!(svg.contains(label), "legend has {label}");
+        }
+    }
 }

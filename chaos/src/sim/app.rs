@@ -9,8 +9,8 @@ use axum::{
 };
 
 use super::{
-    chat, config::SimConfig, embeddings, faults, faults::Faults, stats, stats::Stats, vector,
-    vector::VectorStore,
+    capacity::Capacity, chat, config::SimConfig, embeddings, faults, faults::Faults, stats,
+    stats::Stats, vector, vector::VectorStore,
 };
 
 /// Everything one simulator instance remembers.
@@ -22,6 +22,8 @@ pub(crate) struct AppState {
     pub(crate) store: VectorStore,
     /// Active fault sets.
     pub(crate) faults: Faults,
+    /// The chat model's slots.
+    pub(crate) capacity: Capacity,
     /// Counters and traceparents.
     pub(crate) stats: Stats,
     /// Source of `chatcmpl-sim-N` ids.
@@ -34,6 +36,7 @@ impl AppState {
         Self {
             store: VectorStore::with_knowledge_base(&config.collection, config.dim),
             faults: Faults::new(),
+            capacity: Capacity::new(config.llm),
             stats: Stats::default(),
             next_id: AtomicU64::new(0),
             config,

@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 
 use super::{
     app::AppState,
+    capacity::CompletionTokens,
     error::{Api, ApiError},
     text::{sentences, tokens, word_count},
 };
@@ -157,13 +158,18 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         completion_tokens: word_count(&answer),
         answer,
     };
-    if request.stream {
+    let mut response = if request.stream {
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
         let delay = state.faults.stream_chunk_delay(Api::Chat);
         stream(&completion, include_usage, delay)
     } else {
         Json(full(&completion)).into_response()
-    }
+    };
+    // The capacity model charges the service time per token from this.
+    response
+        .extensions_mut()
+        .insert(CompletionTokens(completion.completion_tokens));
+    response
 }
 
 /// The extractive answer to `messages` (role, text) in conversation order.

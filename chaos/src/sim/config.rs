@@ -1,5 +1,5 @@
-//! What the simulator serves: the built-in collection's name and the
-//! embedding dimension.
+//! What the simulator serves: the built-in collection's name, the
+//! embedding dimension, and the chat model's capacity.
 
 use thiserror::Error;
 
@@ -12,6 +12,17 @@ pub const DEFAULT_DIM: usize = 64;
 /// Largest embedding dimension accepted; keeps a typo from allocating gigabytes.
 const MAX_DIM: usize = 65_536;
 
+/// Largest chat capacity accepted (far above any real model server; a
+/// typo must not size a semaphore near `Semaphore::MAX_PERMITS`).
+pub(crate) const MAX_CAPACITY: usize = 100_000;
+
+/// Longest base service time accepted, in ms: [`HANG_MAX`](super::HANG_MAX),
+/// the longest the simulator holds any request.
+pub(crate) const MAX_SERVICE_MS: u64 = 600_000;
+
+/// Largest per-token service time accepted, in ms.
+pub(crate) const MAX_PER_TOKEN_MS: u64 = 60_000;
+
 /// Configuration of one simulator instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
@@ -19,6 +30,28 @@ pub struct SimConfig {
     pub collection: String,
     /// Dimension of `/v1/embeddings` vectors and of the built-in collection.
     pub dim: usize,
+    /// The chat model's capacity; the default is unlimited.
+    pub llm: LlmCapacity,
+}
+
+/// How much the simulated LLM serves at once, and for how long each call
+/// keeps it busy: `capacity` concurrent chat completions (streaming or
+/// not), each holding its slot for `service_ms` plus `per_token_ms` per
+/// completion token it returns; calls beyond `capacity` wait in arrival
+/// order. The default (0, no service time) is the unlimited, instant model
+/// the simulator always was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlmCapacity {
+    /// Concurrent chat completions in service; 0 = unlimited. Default 0.
+    pub capacity: usize,
+    /// Base service time of one call, in ms. Default `None`: the chat
+    /// fault set's `latency_ms` is the base service time (spent holding
+    /// the slot instead of before it), so `{"latency_ms": 100}` alone
+    /// already makes every call occupy a slot for 100 ms. When set, the
+    /// fault's `latency_ms` is network time spent before queueing.
+    pub service_ms: Option<u64>,
+    /// Service time per completion token returned, in ms. Default 0.
+    pub per_token_ms: u64,
 }
 
 /// A [`SimConfig`] value that cannot be served.
@@ -30,6 +63,15 @@ pub enum ConfigError {
     /// `collection` is empty or contains a `/`.
     #[error("collection must be a non-empty name without '/', got {0:?}")]
     Collection(String),
+    /// `llm.capacity` is absurdly large.
+    #[error("capacity must be at most {MAX_CAPACITY} (0 = unlimited), got {0}")]
+    Capacity(usize),
+    /// `llm.service_ms` is longer than the simulator holds any request.
+    #[error("service_ms must be at most {MAX_SERVICE_MS}, got {0}")]
+    ServiceMs(u64),
+    /// `llm.per_token_ms` is absurdly large.
+    #[error("per_token_ms must be at most {MAX_PER_TOKEN_MS}, got {0}")]
+    PerTokenMs(u64),
 }
 
 impl Default for SimConfig {
@@ -37,6 +79,7 @@ impl Default for SimConfig {
         Self {
             collection: DEFAULT_COLLECTION.to_owned(),
             dim: DEFAULT_DIM,
+            llm: LlmCapacity::default(),
         }
     }
 }
@@ -49,6 +92,22 @@ impl SimConfig {
         }
         if self.collection.is_empty() || self.collection.contains('/') {
             return Err(ConfigError::Collection(self.collection.clone()));
+        }
+        self.llm.validate()
+    }
+}
+
+impl LlmCapacity {
+    /// Checks the three values against their bounds.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.capacity > MAX_CAPACITY {
+            return Err(ConfigError::Capacity(self.capacity));
+        }
+        if let Some(ms) = self.service_ms.filter(|&ms| ms > MAX_SERVICE_MS) {
+            return Err(ConfigError::ServiceMs(ms));
+        }
+        if self.per_token_ms > MAX_PER_TOKEN_MS {
+            return Err(ConfigError::PerTokenMs(self.per_token_ms));
         }
         Ok(())
     }
@@ -70,5 +129,19 @@ mod tests {
             ..SimConfig::default()
         };
         assert_eq!(config.validate(), Err(ConfigError::Dim(0)));
+    }
+
+    #[test]
+    fn capacity_above_the_bound_is_rejected_and_named() {
+        let config = SimConfig {
+            llm: LlmCapacity {
+                capacity: MAX_CAPACITY + 1,
+                ..LlmCapacity::default()
+            },
+            ..SimConfig::default()
+        };
+        let err = config.validate().expect_err("too large");
+        assert_eq!(err, ConfigError::Capacity(100_001));
+        assert!(err.to_string().starts_with("capacity must be"), "{err}");
     }
 }

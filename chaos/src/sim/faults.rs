@@ -4,7 +4,14 @@
 //! "upstream" misbehaves.
 //!
 //! Order within a request: count the arrival, sleep the latency, then reset
-//! the connection, hang, or answer an error; otherwise serve normally.
+//! the connection, hang, or answer an error; otherwise serve normally. A
+//! chat call that gets through is served by the capacity model
+//! (`capacity`), which decides whether the latency is spent before its
+//! slot or as its service time.
+//!
+//! The chat model's settings (`capacity`, `service_ms`, `per_token_ms`)
+//! travel in the same command and follow the same rule: a command for
+//! chat (or all) replaces them, absent fields back to the command line's.
 
 use std::{
     sync::{Arc, Mutex},
@@ -26,6 +33,7 @@ use tokio::sync::watch;
 
 use super::{
     app::AppState,
+    config::{MAX_CAPACITY, MAX_PER_TOKEN_MS, MAX_SERVICE_MS},
     error::{Api, ApiError},
     server::ConnectionControl,
 };
@@ -44,7 +52,9 @@ const DEFAULT_ERROR_STATUS: u16 = 500;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FaultSpec {
-    /// Sleep this long before answering (or before any other fault).
+    /// Sleep this long before answering (or before any other fault). For
+    /// a chat call that gets through it is the service time, spent holding
+    /// a slot, unless `service_ms` is set (then it is spent before queueing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
     /// Fraction of requests, 0..=1, answered with `error_status`;
@@ -67,6 +77,18 @@ pub struct FaultSpec {
     /// Adds `Retry-After: N` to injected errors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
+    /// Concurrent chat completions served (0 = unlimited); chat only.
+    /// Absent: the command line's `--capacity`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<usize>,
+    /// Base service time of a chat completion, holding its slot; chat
+    /// only. Absent: the command line's `--service-ms`, else `latency_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_ms: Option<u64>,
+    /// Service time per completion token returned; chat only. Absent: the
+    /// command line's `--per-token-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_token_ms: Option<u64>,
     /// Which API the command is for; all of them when absent.
     pub target: FaultTarget,
 }
@@ -167,6 +189,9 @@ impl FaultSpec {
                     spec.stream_chunk_delay_ms = field("stream_chunk_delay_ms", value)?;
                 }
                 "retry_after_s" => spec.retry_after_s = field("retry_after_s", value)?,
+                "capacity" => spec.capacity = field("capacity", value)?,
+                "service_ms" => spec.service_ms = field("service_ms", value)?,
+                "per_token_ms" => spec.per_token_ms = field("per_token_ms", value)?,
                 "target" => spec.target = field("target", value)?.unwrap_or_default(),
                 _ => return Err(FaultSpecError::UnknownField(key)),
             }
@@ -190,6 +215,35 @@ impl FaultSpec {
                 return Err(FaultSpecError::InvalidField {
                     field: "error_status",
                     reason: format!("must be an HTTP error status (400..=599), got {status}"),
+                });
+            }
+        }
+        self.validate_capacity()
+    }
+
+    /// The chat model's fields: within their bounds, and only for chat.
+    fn validate_capacity(&self) -> Result<(), FaultSpecError> {
+        let fields = [
+            (
+                "capacity",
+                self.capacity.map(|c| c as u64),
+                MAX_CAPACITY as u64,
+            ),
+            ("service_ms", self.service_ms, MAX_SERVICE_MS),
+            ("per_token_ms", self.per_token_ms, MAX_PER_TOKEN_MS),
+        ];
+        for (field, value, max) in fields {
+            let Some(value) = value else { continue };
+            if matches!(self.target, FaultTarget::Embeddings | FaultTarget::Vector) {
+                return Err(FaultSpecError::InvalidField {
+                    field,
+                    reason: "applies to chat completions only (target chat or all)".to_owned(),
+                });
+            }
+            if value > max {
+                return Err(FaultSpecError::InvalidField {
+                    field,
+                    reason: format!("must be at most {max}, got {value}"),
                 });
             }
         }
@@ -346,6 +400,9 @@ pub(crate) async fn apply(
     // Subscribe before deciding so a release racing with the decision is seen.
     let mut released = state.faults.release.subscribe();
     let (latency, action) = state.faults.decide(api);
+    if api == Api::Chat && action == Action::Pass {
+        return state.capacity.serve(latency, request, next).await;
+    }
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
@@ -392,17 +449,30 @@ pub(crate) async fn apply(
     }
 }
 
-/// `GET /_faults`.
-pub(crate) async fn show(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(state.faults.snapshot())
+/// The fault sets, the chat one with the chat model's settings.
+fn snapshot(state: &AppState) -> Value {
+    let mut out = state.faults.snapshot();
+    if let (Some(Value::Object(chat)), Value::Object(model)) =
+        (out.get_mut(Api::Chat.name()), state.capacity.settings())
+    {
+        chat.extend(model);
+    }
+    out
 }
 
-/// `POST /_faults`: replaces the fault set of the command's target.
+/// `GET /_faults`.
+pub(crate) async fn show(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(snapshot(&state))
+}
+
+/// `POST /_faults`: replaces the fault set of the command's target (and,
+/// for chat, the chat model's settings).
 pub(crate) async fn replace(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     match FaultSpec::from_json(&body) {
         Ok(spec) => {
             state.faults.replace(&spec);
-            Json(state.faults.snapshot()).into_response()
+            state.capacity.replace(&spec);
+            Json(snapshot(&state)).into_response()
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
@@ -412,10 +482,12 @@ pub(crate) async fn replace(State(state): State<Arc<AppState>>, body: Bytes) -> 
     }
 }
 
-/// `DELETE /_faults`: clears every fault.
+/// `DELETE /_faults`: clears every fault and restores the command line's
+/// chat model.
 pub(crate) async fn clear(State(state): State<Arc<AppState>>) -> Json<Value> {
     state.faults.clear();
-    Json(state.faults.snapshot())
+    state.capacity.reset();
+    Json(snapshot(&state))
 }
 
 #[cfg(test)]
@@ -448,6 +520,24 @@ mod tests {
         assert_eq!(err, FaultSpecError::UnknownField("latncy_ms".into()));
         let err = FaultSpec::from_json(br#"{"target": "llm"}"#).expect_err("bad target");
         assert!(err.to_string().contains("`target`"), "{err}");
+    }
+
+    #[test]
+    fn capacity_fields_are_chat_only_and_bounded() {
+        let spec =
+            FaultSpec::from_json(br#"{"capacity": 2, "service_ms": 100, "per_token_ms": 3}"#)
+                .expect("valid for all");
+        assert_eq!(
+            (spec.capacity, spec.service_ms, spec.per_token_ms),
+            (Some(2), Some(100), Some(3))
+        );
+        let err = FaultSpec::from_json(br#"{"capacity": 2, "target": "vector"}"#)
+            .expect_err("vector has no slots");
+        assert!(err.to_string().contains("`capacity`"), "{err}");
+        let err = FaultSpec::from_json(br#"{"service_ms": 600001}"#).expect_err("too long");
+        assert!(err.to_string().contains("`service_ms`"), "{err}");
+        let err = FaultSpec::from_json(br#"{"capacity": -1}"#).expect_err("negative");
+        assert!(err.to_string().contains("`capacity`"), "{err}");
     }
 
     #[test]

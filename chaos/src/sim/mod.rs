@@ -3,7 +3,10 @@
 //!
 //! # Layout
 //!
-//! - `config`: [`SimConfig`], what the simulator serves.
+//! - `config`: [`SimConfig`], what the simulator serves, and
+//!   [`LlmCapacity`], how much of it at once.
+//! - `capacity`: the finite-capacity chat model: N slots, a FIFO queue,
+//!   service time per call.
 //! - `text`: tokenising, sentence splitting and the hashed bag-of-words
 //!   embedding shared by the LLM and the vector store.
 //! - `chat`, `embeddings`, `vector`: the OpenAI and Qdrant endpoints.
@@ -24,11 +27,12 @@
 //! | POST | `/collections/{name}/points/search` | cosine search |
 //! | PUT | `/collections/{name}/points` | upsert (creates the collection) |
 //! | GET / PUT | `/collections/{name}` | collection info / create |
-//! | GET / POST / DELETE | `/_faults` | show / replace / clear faults |
-//! | GET | `/_stats`, POST `/_stats/reset` | counters and traceparents |
+//! | GET / POST / DELETE | `/_faults` | show / replace / clear faults (and the chat model's capacity) |
+//! | GET | `/_stats`, POST `/_stats/reset` | counters, traceparents, chat slots in flight / queued |
 //! | GET | `/healthz` | liveness |
 
 mod app;
+mod capacity;
 mod chat;
 mod config;
 mod embeddings;
@@ -40,7 +44,7 @@ mod text;
 mod vector;
 
 pub use app::router;
-pub use config::{ConfigError, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM};
+pub use config::{ConfigError, LlmCapacity, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM};
 pub use faults::{FaultSpec, FaultSpecError, FaultTarget, HANG_MAX};
 pub use server::{serve, spawn, spawn_on, SimHandle, DRAIN_TIMEOUT, LISTENING_PREFIX};
 pub use text::embed;

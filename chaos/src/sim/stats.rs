@@ -3,7 +3,10 @@
 //! probes) and that trace context was propagated.
 //!
 //! Requests are counted as they arrive, before any fault, so a request
-//! answered with an injected error or reset still counts.
+//! answered with an injected error or reset still counts. `/_stats` adds
+//! the chat model's gauges under `llm`: `capacity` (0 = unlimited),
+//! `in_flight` (calls holding a slot), `max_in_flight` (its high-water
+//! mark since start or the last reset) and `queued` (calls waiting for one).
 
 use std::{
     collections::VecDeque,
@@ -103,13 +106,22 @@ impl Stats {
     }
 }
 
-/// `GET /_stats`.
-pub(crate) async fn show(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(state.stats.snapshot())
+/// The counters plus the chat model's `llm` gauges.
+fn snapshot(state: &AppState) -> Value {
+    let mut out = state.stats.snapshot();
+    out["llm"] = state.capacity.stats();
+    out
 }
 
-/// `POST /_stats/reset`: zeroes counters and forgets traceparents.
+/// `GET /_stats`.
+pub(crate) async fn show(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(snapshot(&state))
+}
+
+/// `POST /_stats/reset`: zeroes counters, forgets traceparents and
+/// restarts the chat model's in-flight high-water mark.
 pub(crate) async fn reset(State(state): State<Arc<AppState>>) -> Json<Value> {
     state.stats.reset();
-    Json(state.stats.snapshot())
+    state.capacity.reset_stats();
+    Json(snapshot(&state))
 }

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::super::load::LoadSpec;
+use super::super::load::{LoadSpec, Stream};
 use super::super::proxy::ProxyMode;
-use super::{ms, Action, Check, Scenario, Step};
+use super::{ms, Action, Check, Contrast, Scenario, Step};
+use crate::sim::LlmCapacity;
 
 /// Load rate and time scale of a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,7 +25,8 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// CI: 100-150 req/s, ~10-14 s of load per scenario.
+    /// CI: 100-150 req/s, ~10-14 s of load per scenario (`noisy-neighbour`:
+    /// 165 req/s at peak, 18 s, twice).
     pub const CI: Self = Self {
         name: "ci",
         rate: 1.0,
@@ -63,6 +65,7 @@ pub const NAMES: &[&str] = &[
     "llm-flapping",
     "vector-store-down",
     "replica-killed",
+    "noisy-neighbour",
 ];
 
 /// The scenario called `name`.
@@ -78,6 +81,7 @@ pub fn by_name(name: &str, profile: &Profile) -> Option<Scenario> {
         "llm-flapping" => llm_flapping(profile),
         "vector-store-down" => vector_store_down(profile),
         "replica-killed" => replica_killed(profile),
+        "noisy-neighbour" => noisy_neighbour(profile),
         _ => return None,
     })
 }
@@ -101,12 +105,12 @@ const REDIS_RECOVERY: Duration = Duration::from_secs(8);
 /// An open-loop load at `rate` (scaled by the profile) for `secs`
 /// (scaled too), sending `message`.
 fn spec(profile: &Profile, rate: u32, secs: f64, message: &str) -> LoadSpec {
-    LoadSpec {
-        rate: profile.rate(rate),
-        duration: profile.secs(secs),
-        timeout: CLIENT_TIMEOUT,
-        message: message.to_owned(),
-    }
+    LoadSpec::single(
+        profile.rate(rate),
+        profile.secs(secs),
+        CLIENT_TIMEOUT,
+        message,
+    )
 }
 
 /// Redis-backed limits: PUBLIC_IP (all loopback load) at `limit` per
@@ -186,6 +190,8 @@ pub fn redis_killed_fail_open(p: &Profile) -> Scenario {
             // fresh window of 200 at 150/s.
             Check::ExactLimitResumes { heal, within: REDIS_RECOVERY + Duration::from_millis(1500), limit },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -207,7 +213,7 @@ pub fn redis_killed_fail_closed(p: &Profile) -> Scenario {
         fault_window: (kill, heal),
         checks: vec![
             Check::Statuses { allowed: vec![200, 429, 503], max_timeouts: 0, max_errors: 0 },
-            Check::RetryAfterOn503,
+            Check::RetryAfterOn { status: 503 },
             // K = 10: the 3 that trip plus those in flight during one 50 ms
             // attempt timeout at 150/s; P = 3 probes (open 0.5 s, 1 s, 2 s).
             // 20 ms, not the 5 ms of the sequential e2e test: open-loop at
@@ -218,6 +224,8 @@ pub fn redis_killed_fail_closed(p: &Profile) -> Scenario {
             Check::P99 { from: kill, to: heal, statuses: vec![503], skip: 10, probes: 3, max: ms(20) },
             Check::Recovers { heal, within: REDIS_RECOVERY, ok: ALL_OK.to_vec() },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -240,6 +248,8 @@ pub fn redis_frozen(p: &Profile, breaker: bool) -> Scenario {
         ],
         fault_window: (freeze, heal),
         checks: frozen_checks(freeze, heal),
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -291,13 +301,14 @@ pub fn redis_slow(p: &Profile) -> Scenario {
         ],
         fault_window: (slow, heal),
         checks: frozen_checks(slow, heal),
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
 /// The LLM (simulator) SIGKILLed at 3 s, restarted at 7 s.
 pub fn llm_killed(p: &Profile) -> Scenario {
     let (kill, heal, end) = (p.secs(3.0), p.secs(7.0), 11.0);
-    let rate = p.rate(100);
     // 5 consecutive failures, plus one per half-open probe (open 1 s, then
     // 2 s: at most 3 in 4 s), plus calls in flight at the trip (refused
     // connections fail within ms: a few at this rate).
@@ -307,7 +318,7 @@ pub fn llm_killed(p: &Profile) -> Scenario {
         summary: "LLM SIGKILLed: the breaker opens within K failures, then fast 503s; a restart recovers by itself",
         replicas: 1,
         config: llm_config("1s", LLM_CONSECUTIVE),
-        load: LoadSpec { rate, ..spec(p, 100, end, HELLO) },
+        load: spec(p, 100, end, HELLO),
         redis_proxy: false,
         vector_proxy: false,
         schedule: vec![
@@ -324,6 +335,8 @@ pub fn llm_killed(p: &Profile) -> Scenario {
             Check::P99 { from: kill, to: heal, statuses: vec![503], skip: 0, probes: 0, max: ms(20) },
             Check::Recovers { heal, within: Duration::from_secs(3), ok: ALL_OK.to_vec() },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -339,7 +352,7 @@ pub fn llm_hang(p: &Profile) -> Scenario {
         summary: "LLM hangs: answers never wait more than the 300 ms attempt timeout (+slack), the breaker opens within K failures, recovery after the hang ends",
         replicas: 1,
         config: llm_config("300ms", LLM_CONSECUTIVE),
-        load: LoadSpec { rate, ..spec(p, 100, end, HELLO) },
+        load: spec(p, 100, end, HELLO),
         redis_proxy: false,
         vector_proxy: false,
         schedule: vec![
@@ -353,6 +366,8 @@ pub fn llm_hang(p: &Profile) -> Scenario {
             Check::MaxLatency { from: hang, to: heal, max: ms(600) },
             Check::Recovers { heal, within: Duration::from_secs(3), ok: ALL_OK.to_vec() },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -391,6 +406,8 @@ half_open_probes = 1"#,
             Check::MaxLatency { from: slow, to: heal, max: ms(1000) },
             Check::Recovers { heal, within: Duration::from_secs(3), ok: ALL_OK.to_vec() },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -428,6 +445,8 @@ half_open_probes = 2"#,
             Check::ProbesBounded { max_probes: 2, min_opens: 2 },
             Check::Recovers { heal: d, within: Duration::from_secs(2), ok: ALL_OK.to_vec() },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -469,6 +488,8 @@ half_open_probes = 1
             Check::P99 { from: down, to: heal, statuses: vec![], skip: 0, probes: 0, max: ms(50) },
             Check::Recovers { heal, within: Duration::from_secs(2), ok: ALL_OK.to_vec() },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
     }
 }
 
@@ -495,5 +516,163 @@ pub fn replica_killed(p: &Profile) -> Scenario {
             Check::SharedLimitExact { limit },
             Check::Recovers { heal, within: Duration::from_secs(1), ok: vec![429] },
         ],
+        sim: LlmCapacity::default(),
+        contrast: None,
+    }
+}
+
+/// Slots of the simulated LLM in `noisy-neighbour`, and the gateway's LLM
+/// bulkhead (which the fair queue's capacity follows): C.
+const NN_CAPACITY: usize = 8;
+/// Service time of one LLM call in `noisy-neighbour`: with C slots the
+/// LLM serves C / 100 ms = 80 calls/s.
+const NN_SERVICE_MS: u64 = 100;
+/// The quiet tenant's rate, alone and under the flood.
+const QUIET_RATE: u32 = 5;
+/// The noisy tenant's rate: 40x a nominal 4 req/s, twice what the LLM
+/// serves.
+const NOISY_RATE: u32 = 160;
+/// The two tenants' API keys and their SHA-256 (`printf %s quiet_key |
+/// sha256sum`): levee's config holds only the hashes.
+const QUIET_KEY: (&str, &str) = (
+    "quiet_key",
+    "c86a45df1615989631c07f05a08a44d930d410ed44e84b913b741bccd5bab586",
+);
+const NOISY_KEY: (&str, &str) = (
+    "noisy_key",
+    "bf38856bb2cd2f95dfea9ae8a52f6997ef444ca0e44a056cd6b5737ee01859ec",
+);
+/// The client timeout of `noisy-neighbour`: far above the noisy tenant's
+/// 300 ms `max_wait` plus the 100 ms service, so a timeout means a request
+/// was neither served nor refused.
+const NN_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The quiet stream's first second warms its connections and levee's; it
+/// is not part of the unloaded baseline.
+const NN_WARM_UP: Duration = Duration::from_secs(1);
+
+/// Levee's config for `noisy-neighbour`: two tenants of equal weight on
+/// one LLM of capacity C, weighted-fair queueing on (`fairness = true`) or
+/// off (the bulkhead alone, as before the fair queue).
+pub fn noisy_neighbour_config(fairness: bool) -> String {
+    let (quiet, noisy) = (QUIET_KEY.1, NOISY_KEY.1);
+    format!(
+        r#"
+[[identity.api_keys]]
+id = "quiet"
+sha256 = "{quiet}"
+tenant = "quiet"
+tier = "TENANT"
+[[identity.api_keys]]
+id = "noisy"
+sha256 = "{noisy}"
+tenant = "noisy"
+tier = "TENANT"
+[ratelimit.tiers.TENANT]
+limits = []
+[ratelimit.tenants.quiet]
+limits = [{{ limit = 100000, window = "1m" }}]
+weight = 1
+max_queue = 64
+max_wait = "2s"
+[ratelimit.tenants.noisy]
+limits = [{{ limit = 100000, window = "1m" }}]
+weight = 1
+max_queue = 16
+max_wait = "300ms"
+[fairness]
+enabled = {fairness}
+[resilience.llm]
+attempt_timeout = "5s"
+deadline = "10s"
+[resilience.llm.retry]
+max_attempts = 1
+[resilience.llm.bulkhead]
+max_concurrent = {NN_CAPACITY}
+"#
+    )
+}
+
+/// One tenant's stream of PTO questions, keyed by `key`.
+fn tenant_stream(
+    tenant: &str,
+    key: (&str, &str),
+    rate: u32,
+    from: Duration,
+    duration: Duration,
+) -> Stream {
+    Stream {
+        tenant: Some(tenant.to_owned()),
+        rate,
+        from,
+        duration,
+        headers: vec![("X-API-Key".to_owned(), key.0.to_owned())],
+        message: PTO.to_owned(),
+        user_id: "u1".to_owned(),
+        thread_id: Some("t1".to_owned()),
+    }
+}
+
+/// The quiet tenant alone for 6 s (its unloaded latency), then the noisy
+/// one floods the LLM at 2 C for 12 s; run with isolation off first, then
+/// on. The rates stay as they are under every profile (they are set by the
+/// LLM's capacity, not by a load level); only the times scale.
+pub fn noisy_neighbour(p: &Profile) -> Scenario {
+    let (flood, end) = (p.secs(6.0), p.secs(18.0));
+    let service = Duration::from_millis(NN_SERVICE_MS);
+    let calls_per_s = NN_CAPACITY as f64 / service.as_secs_f64();
+    // A quiet call waits at most for the next slot to free up: one
+    // service time / C on average; two of those at p99.
+    let slot_gap = service / NN_CAPACITY as u32;
+    let tenant = |tenant, check| Check::Tenant {
+        tenant,
+        check: Box::new(check),
+    };
+    let vs_unloaded = |quantile, slack| Check::LatencyVsUnloaded {
+        quantile,
+        unloaded: (NN_WARM_UP, flood),
+        loaded: (flood, end),
+        slack,
+    };
+    Scenario {
+        name: "noisy-neighbour",
+        summary: "one tenant floods the LLM at 2x its capacity: with fair queueing the quiet tenant gets only 200s at its unloaded p50 +15 ms / p99 +2 slots, the noisy one only 200/429 (Retry-After) and >= 90% of the capacity left; isolation off shown beside",
+        replicas: 1,
+        config: noisy_neighbour_config(true),
+        load: LoadSpec {
+            streams: vec![
+                tenant_stream("quiet", QUIET_KEY, QUIET_RATE, Duration::ZERO, end),
+                tenant_stream("noisy", NOISY_KEY, NOISY_RATE, flood, end - flood),
+            ],
+            timeout: NN_CLIENT_TIMEOUT,
+        },
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![],
+        fault_window: (flood, end),
+        checks: vec![
+            tenant("quiet", Check::Statuses { allowed: vec![200], max_timeouts: 0, max_errors: 0 }),
+            tenant("quiet", vs_unloaded(0.5, ms(15))),
+            tenant("quiet", vs_unloaded(0.99, 2 * slot_gap)),
+            tenant("noisy", Check::Statuses { allowed: vec![200, 429], max_timeouts: 0, max_errors: 0 }),
+            tenant("noisy", Check::RetryAfterOn { status: 429 }),
+            tenant("noisy", Check::AdmittedRate {
+                from: flood,
+                to: end,
+                min_per_s: 0.9 * (calls_per_s - f64::from(QUIET_RATE)),
+                basis: format!(
+                    "0.9 x (C = {calls_per_s:.0}/s - quiet {QUIET_RATE}/s)"
+                ),
+            }),
+        ],
+        sim: LlmCapacity {
+            capacity: NN_CAPACITY,
+            service_ms: Some(NN_SERVICE_MS),
+            per_token_ms: 0,
+        },
+        contrast: Some(Contrast {
+            label: "isolation off",
+            main_label: "isolation on",
+            config: noisy_neighbour_config(false),
+        }),
     }
 }

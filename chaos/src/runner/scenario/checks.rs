@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::super::load::{Outcome, Sample};
-use super::super::report::Assertion;
+use super::super::report::{Assertion, ScenarioReport};
 use super::execute::{Poll, POLL_EVERY};
 
 /// An assertion over the samples (and polls) of a run, with its numbers.
@@ -23,8 +23,11 @@ pub enum Check {
         /// Transport errors (refused, reset) allowed.
         max_errors: usize,
     },
-    /// Every 503 carries `Retry-After`.
-    RetryAfterOn503,
+    /// Every answer with `status` carries `Retry-After`.
+    RetryAfterOn {
+        /// The status, e.g. 503 (come back later) or 429 (slow down).
+        status: u16,
+    },
     /// p99 latency of responses sent in `[from, to)` (of `statuses`, or
     /// all), skipping the first `skip` of them, is below `max`.
     P99 {
@@ -118,6 +121,40 @@ pub enum Check {
         /// Normal statuses.
         ok: Vec<u16>,
     },
+    /// `check` over the samples of one tenant's stream only; fails when
+    /// that tenant sent nothing (a check over no samples proves nothing).
+    Tenant {
+        /// The stream's tenant label.
+        tenant: &'static str,
+        /// The check on its samples.
+        check: Box<Check>,
+    },
+    /// The `quantile` latency of answers sent in `loaded` is at most the
+    /// same quantile of answers sent in `unloaded` plus `slack`: load
+    /// elsewhere costs this traffic at most `slack`. Timeouts count with
+    /// the latency they waited.
+    LatencyVsUnloaded {
+        /// 0.5 for p50, 0.99 for p99 (nearest rank).
+        quantile: f64,
+        /// The reference window `[from, to)`, before the load.
+        unloaded: (Duration, Duration),
+        /// The window under load `[from, to)`.
+        loaded: (Duration, Duration),
+        /// How much worse the loaded quantile may be.
+        slack: Duration,
+    },
+    /// 200s among requests sent in `[from, to)`, per second of the window,
+    /// are at least `min_per_s`.
+    AdmittedRate {
+        /// Window start.
+        from: Duration,
+        /// Window end.
+        to: Duration,
+        /// Bound, in 200s per second.
+        min_per_s: f64,
+        /// Where the bound comes from, for the report.
+        basis: String,
+    },
 }
 
 /// Evaluates one check; `end` is the end of the load.
@@ -133,7 +170,7 @@ pub(super) fn evaluate(
             max_timeouts,
             max_errors,
         } => check_statuses(samples, allowed, *max_timeouts, *max_errors),
-        Check::RetryAfterOn503 => check_retry_after_on_503(samples),
+        Check::RetryAfterOn { status } => check_retry_after_on(samples, *status),
         Check::P99 {
             from,
             to,
@@ -162,7 +199,46 @@ pub(super) fn evaluate(
         } => check_probes_bounded(polls, *max_probes, *min_opens),
         Check::AllDegraded { from, to } => check_all_degraded(samples, *from, *to),
         Check::Recovers { heal, within, ok } => check_recovers(samples, *heal, *within, ok, end),
+        Check::Tenant { tenant, check } => check_tenant(samples, tenant, check, polls, end),
+        Check::LatencyVsUnloaded {
+            quantile,
+            unloaded,
+            loaded,
+            slack,
+        } => check_latency_vs_unloaded(samples, *quantile, *unloaded, *loaded, *slack),
+        Check::AdmittedRate {
+            from,
+            to,
+            min_per_s,
+            basis,
+        } => check_admitted_rate(samples, *from, *to, *min_per_s, basis),
     }
+}
+
+/// The main run's verdict on its contrast: the contrast ran and failed at
+/// least one of its checks, so the checks can tell the two apart.
+pub(super) fn contrast_fails(contrast: &ScenarioReport) -> Assertion {
+    let label = contrast.variant.as_deref().unwrap_or("contrast");
+    let failed: Vec<&str> = contrast
+        .assertions
+        .iter()
+        .filter(|a| !a.passed)
+        .map(|a| a.name.as_str())
+        .collect();
+    let measured = match &contrast.error {
+        Some(e) => format!("the {label} run did not run: {e}"),
+        None => format!(
+            "{} of {} failed: {failed:?}",
+            failed.len(),
+            contrast.assertions.len()
+        ),
+    };
+    Assertion::new(
+        "contrast_fails",
+        format!("the {label} run fails at least one of the same checks (the scenario can fail)"),
+        measured,
+        contrast.error.is_none() && !failed.is_empty(),
+    )
 }
 
 /// [`Check::Statuses`]: every status in `allowed`, timeouts and transport
@@ -203,17 +279,17 @@ fn check_statuses(
     )
 }
 
-/// [`Check::RetryAfterOn503`]: no 503 without `Retry-After`.
-fn check_retry_after_on_503(samples: &[Sample]) -> Assertion {
-    let all = samples.iter().filter(|s| status(s) == Some(503)).count();
+/// [`Check::RetryAfterOn`]: no `code` answer without `Retry-After`.
+fn check_retry_after_on(samples: &[Sample], code: u16) -> Assertion {
+    let all = samples.iter().filter(|s| status(s) == Some(code)).count();
     let missing = samples
         .iter()
-        .filter(|s| status(s) == Some(503) && !s.retry_after)
+        .filter(|s| status(s) == Some(code) && !s.retry_after)
         .count();
     Assertion::new(
-        "retry_after_on_503",
-        "every 503 has Retry-After".to_owned(),
-        format!("{missing} of {all} 503s without"),
+        &format!("retry_after_on_{code}"),
+        format!("every {code} has Retry-After"),
+        format!("{missing} of {all} {code}s without"),
         missing == 0,
     )
 }
@@ -239,7 +315,7 @@ fn check_p99(
     latencies.sort();
     latencies.truncate(latencies.len().saturating_sub(probes));
     let n = latencies.len();
-    let measured = p99(&mut latencies);
+    let measured = quantile(&mut latencies, 0.99);
     Assertion::new(
         "p99",
         format!(
@@ -477,6 +553,104 @@ fn check_recovers(
     )
 }
 
+/// [`Check::Tenant`]: `check` over `tenant`'s samples, named after it.
+fn check_tenant(
+    samples: &[Sample],
+    tenant: &str,
+    check: &Check,
+    polls: &[Poll],
+    end: Duration,
+) -> Assertion {
+    let theirs: Vec<Sample> = samples
+        .iter()
+        .filter(|s| s.tenant.as_deref() == Some(tenant))
+        .cloned()
+        .collect();
+    let mut assertion = evaluate(check, &theirs, polls, end);
+    assertion.name = format!("{tenant}.{}", assertion.name);
+    assertion.expected = format!("{tenant} tenant: {}", assertion.expected);
+    if theirs.is_empty() {
+        assertion.measured = format!("no samples from tenant {tenant:?}");
+        assertion.passed = false;
+    }
+    assertion
+}
+
+/// [`Check::LatencyVsUnloaded`]: the loaded window's quantile within
+/// `slack` of the unloaded window's.
+fn check_latency_vs_unloaded(
+    samples: &[Sample],
+    q: f64,
+    unloaded: (Duration, Duration),
+    loaded: (Duration, Duration),
+    slack: Duration,
+) -> Assertion {
+    let latencies = |(from, to): (Duration, Duration)| -> Vec<Duration> {
+        samples
+            .iter()
+            .filter(|s| in_window(s, from, to))
+            .map(|s| s.latency)
+            .collect()
+    };
+    let (mut before, mut during) = (latencies(unloaded), latencies(loaded));
+    let (n_before, n_during) = (before.len(), during.len());
+    let name = format!("p{}", (q * 100.0).round());
+    let (base, now) = (quantile(&mut before, q), quantile(&mut during, q));
+    let measured = match (base, now) {
+        (Some(base), Some(now)) => format!(
+            "{} vs {} unloaded ({:+.2} ms); {n_during} and {n_before} answers",
+            fmt_ms(now),
+            fmt_ms(base),
+            (now.as_secs_f64() - base.as_secs_f64()) * 1000.0
+        ),
+        _ => format!("no samples ({n_during} loaded, {n_before} unloaded)"),
+    };
+    Assertion::new(
+        &format!("{name}_vs_unloaded"),
+        format!(
+            "{name} of answers sent in [{}, {}) <= {name} unloaded (sent in [{}, {})) + {}",
+            secs(loaded.0),
+            secs(loaded.1),
+            secs(unloaded.0),
+            secs(unloaded.1),
+            fmt_ms(slack)
+        ),
+        measured,
+        matches!((base, now), (Some(base), Some(now)) if now <= base + slack),
+    )
+}
+
+/// [`Check::AdmittedRate`]: 200s per second of the window, at least
+/// `min_per_s`.
+fn check_admitted_rate(
+    samples: &[Sample],
+    from: Duration,
+    to: Duration,
+    min_per_s: f64,
+    basis: &str,
+) -> Assertion {
+    let admitted = samples
+        .iter()
+        .filter(|s| in_window(s, from, to) && status(s) == Some(200))
+        .count();
+    let window = to.saturating_sub(from).as_secs_f64();
+    let rate = if window > 0.0 {
+        admitted as f64 / window
+    } else {
+        0.0
+    };
+    Assertion::new(
+        "admitted_rate",
+        format!(
+            ">= {min_per_s:.1} 200s/s among requests sent in [{}, {}) ({basis})",
+            secs(from),
+            secs(to)
+        ),
+        format!("{rate:.1}/s ({admitted} 200s in {window:.2}s)"),
+        rate >= min_per_s,
+    )
+}
+
 /// Whether `s` was sent in `[from, to)`.
 fn in_window(s: &Sample, from: Duration, to: Duration) -> bool {
     s.sent >= from && s.sent < to
@@ -490,12 +664,12 @@ fn status(s: &Sample) -> Option<u16> {
     }
 }
 
-/// The 99th percentile (nearest rank) of `latencies`, which it sorts;
-/// `None` when empty.
-fn p99(latencies: &mut [Duration]) -> Option<Duration> {
+/// The `q` quantile (nearest rank) of `latencies`, which it sorts; `None`
+/// when empty.
+fn quantile(latencies: &mut [Duration], q: f64) -> Option<Duration> {
     latencies.sort();
     let n = latencies.len();
-    (n > 0).then(|| latencies[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1])
+    (n > 0).then(|| latencies[((n as f64 * q).ceil() as usize).clamp(1, n) - 1])
 }
 
 /// `d` in milliseconds, two decimals, for assertion texts.
@@ -506,4 +680,197 @@ fn fmt_ms(d: Duration) -> String {
 /// `d` in seconds, two decimals, for assertion texts.
 fn secs(d: Duration) -> String {
     format!("{:.2}s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{noisy_neighbour, Profile};
+    use super::*;
+
+    /// The loaded window of `noisy-neighbour` under the CI profile.
+    const FLOOD_MS: u64 = 6_000;
+    const END_MS: u64 = 18_000;
+
+    fn sample(tenant: &str, sent_ms: u64, latency_ms: u64, outcome: Outcome) -> Sample {
+        Sample {
+            sent: Duration::from_millis(sent_ms),
+            latency: Duration::from_millis(latency_ms),
+            outcome,
+            replica: 0,
+            ratelimit_degraded: false,
+            // Levee puts Retry-After on every 429 and 503 it answers.
+            retry_after: matches!(outcome, Outcome::Status(429 | 503)),
+            body_degraded: false,
+            error_code: None,
+            tenant: Some(tenant.to_owned()),
+        }
+    }
+
+    /// The quiet tenant at 5/s for the whole run; `loaded` decides each
+    /// request's latency and outcome during the flood (by its index).
+    fn quiet(loaded: impl Fn(u64) -> (u64, Outcome)) -> Vec<Sample> {
+        (0..END_MS / 200)
+            .map(|n| {
+                let sent = n * 200;
+                // Unloaded: 100 ms of service plus 3-8 ms of gateway.
+                let (latency, outcome) = match sent < FLOOD_MS {
+                    true => (103 + n % 6, Outcome::Status(200)),
+                    false => loaded(n),
+                };
+                sample("quiet", sent, latency, outcome)
+            })
+            .collect()
+    }
+
+    /// The noisy tenant at 160/s during the flood; `ok_per_160` of every
+    /// 160 answered 200 (after 100-400 ms), the rest `refused` at once.
+    fn noisy(ok_per_160: u64, refused: Outcome) -> Vec<Sample> {
+        (0..(END_MS - FLOOD_MS) * 160 / 1000)
+            .map(|n| {
+                let sent = FLOOD_MS + n * 1000 / 160;
+                match n % 160 < ok_per_160 {
+                    true => sample("noisy", sent, 100 + n % 300, Outcome::Status(200)),
+                    false => sample("noisy", sent, 2, refused),
+                }
+            })
+            .collect()
+    }
+
+    /// Evaluates every check of `noisy-neighbour`; `(name, passed)`.
+    fn verdicts(samples: &[Sample]) -> Vec<(String, bool)> {
+        let scenario = noisy_neighbour(&Profile::CI);
+        assert_eq!(scenario.load.duration(), Duration::from_millis(END_MS));
+        assert_eq!(scenario.fault_window.0, Duration::from_millis(FLOOD_MS));
+        scenario
+            .checks
+            .iter()
+            .map(|c| evaluate(c, samples, &[], scenario.load.duration()))
+            .map(|a| (a.name, a.passed))
+            .collect()
+    }
+
+    fn failed(verdicts: &[(String, bool)]) -> Vec<&str> {
+        verdicts
+            .iter()
+            .filter(|(_, passed)| !passed)
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    fn merged(mut a: Vec<Sample>, b: Vec<Sample>) -> Vec<Sample> {
+        a.extend(b);
+        a.sort_by_key(|s| s.sent);
+        a
+    }
+
+    #[test]
+    fn noisy_neighbour_checks_pass_when_the_quiet_tenant_is_isolated() {
+        // Quiet waits at most one slot (12.5 ms) for its LLM call; noisy
+        // gets 73 of its 160/s through (C = 80/s minus quiet's 5/s, less
+        // a little), the rest 429 with Retry-After.
+        let quiet = quiet(|n| (110 + n % 8, Outcome::Status(200)));
+        let verdicts = verdicts(&merged(quiet, noisy(73, Outcome::Status(429))));
+        assert_eq!(verdicts.len(), 6);
+        assert_eq!(failed(&verdicts), Vec::<&str>::new(), "{verdicts:?}");
+    }
+
+    #[test]
+    fn noisy_neighbour_checks_fail_when_the_bulkhead_alone_sheds_the_quiet_tenant() {
+        // Isolation off: the bulkhead is full of noisy calls, so 3 of 5
+        // quiet requests get a fast 503 dependency_busy, and so do the
+        // noisy ones beyond 75/s.
+        let quiet = quiet(|n| match n % 5 < 3 {
+            true => (2, Outcome::Status(503)),
+            false => (105, Outcome::Status(200)),
+        });
+        let verdicts = verdicts(&merged(quiet, noisy(75, Outcome::Status(503))));
+        // Fast 503s even flatter the quiet tenant's latency: the status
+        // checks are what catch it.
+        assert_eq!(
+            failed(&verdicts),
+            ["quiet.statuses", "noisy.statuses"],
+            "{verdicts:?}"
+        );
+    }
+
+    #[test]
+    fn noisy_neighbour_checks_fail_when_the_quiet_tenant_waits_behind_the_flood() {
+        // Every quiet answer a 200, but after a FIFO queue of noisy calls:
+        // 300-420 ms instead of ~105.
+        let quiet = quiet(|n| (300 + (n % 7) * 20, Outcome::Status(200)));
+        let verdicts = verdicts(&merged(quiet, noisy(73, Outcome::Status(429))));
+        assert_eq!(
+            failed(&verdicts),
+            ["quiet.p50_vs_unloaded", "quiet.p99_vs_unloaded"],
+            "{verdicts:?}"
+        );
+    }
+
+    #[test]
+    fn p99_bound_is_the_unloaded_p99_plus_exactly_two_slots() {
+        // Unloaded p99 is 108 ms (the slowest of 103..=108); the bound is
+        // 108 + 2 x 100 ms / 8 = 133 ms, inclusive.
+        for (worst, passes) in [(133, true), (134, false)] {
+            let quiet = quiet(|n| match n % 30 == 0 {
+                true => (worst, Outcome::Status(200)),
+                false => (110, Outcome::Status(200)),
+            });
+            let verdicts = verdicts(&merged(quiet, noisy(73, Outcome::Status(429))));
+            let p99 = verdicts.iter().find(|(n, _)| n == "quiet.p99_vs_unloaded");
+            assert_eq!(p99.map(|(_, p)| *p), Some(passes), "worst {worst} ms");
+        }
+    }
+
+    #[test]
+    fn noisy_neighbour_checks_fail_when_the_noisy_tenant_is_starved_or_left_hanging() {
+        let calm = || quiet(|n| (110 + n % 8, Outcome::Status(200)));
+        // 67 of 160/s is 67/s, under 0.9 x (80 - 5) = 67.5/s.
+        let v = verdicts(&merged(calm(), noisy(67, Outcome::Status(429))));
+        assert_eq!(failed(&v), ["noisy.admitted_rate"], "{v:?}");
+        // Refused requests that time out instead of getting a 429.
+        let v = verdicts(&merged(calm(), noisy(73, Outcome::Timeout)));
+        assert_eq!(failed(&v), ["noisy.statuses"], "{v:?}");
+        // 429s without Retry-After.
+        let mut bare = noisy(73, Outcome::Status(429));
+        bare.iter_mut().for_each(|s| s.retry_after = false);
+        let v = verdicts(&merged(calm(), bare));
+        assert_eq!(failed(&v), ["noisy.retry_after_on_429"], "{v:?}");
+    }
+
+    #[test]
+    fn a_tenant_check_over_no_samples_fails() {
+        // Samples that lost their tenant label prove nothing either way.
+        let mut unlabelled = merged(
+            quiet(|_| (110, Outcome::Status(200))),
+            noisy(73, Outcome::Status(429)),
+        );
+        unlabelled.iter_mut().for_each(|s| s.tenant = None);
+        let verdicts = verdicts(&unlabelled);
+        assert_eq!(failed(&verdicts).len(), 6, "{verdicts:?}");
+    }
+
+    #[test]
+    fn contrast_fails_holds_only_when_the_contrast_failed_a_check() {
+        let scenario = noisy_neighbour(&Profile::CI);
+        let report = |passed: bool| {
+            let mut r = ScenarioReport::new(
+                &scenario,
+                &[],
+                vec![Assertion::new(
+                    "quiet.statuses",
+                    String::new(),
+                    String::new(),
+                    passed,
+                )],
+            );
+            r.variant = Some("isolation off".to_owned());
+            r
+        };
+        let failing = contrast_fails(&report(false));
+        assert!(failing.passed, "{}", failing.measured);
+        assert_eq!(failing.measured, r#"1 of 1 failed: ["quiet.statuses"]"#);
+        assert!(!contrast_fails(&report(true)).passed);
+        let not_run = ScenarioReport::failed_to_run(&scenario, &anyhow::anyhow!("no levee"));
+        assert!(!contrast_fails(&not_run).passed);
+    }
 }

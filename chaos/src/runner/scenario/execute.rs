@@ -2,6 +2,10 @@
 //! applies its fault schedule, polls the breaker and the simulator, and
 //! hands the samples to the checks. Kept apart from the catalogue and the
 //! checks because it is the only part that touches real processes.
+//!
+//! A scenario with a contrast runs twice, each time on fresh processes:
+//! the contrast first, then the main run, whose report carries the
+//! contrast's beside it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,11 +15,11 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::super::load::{self, Targets};
+use super::super::load::{self, Sample, Targets};
 use super::super::procs::{signal, LeveeEnv, LeveeProc, RedisProc, SimProc, ADMIN_TOKEN};
 use super::super::proxy::FaultProxy;
-use super::super::report::ScenarioReport;
-use super::checks::evaluate;
+use super::super::report::{Assertion, ScenarioReport};
+use super::checks::{contrast_fails, evaluate};
 use super::{ms, Action, Scenario};
 
 /// How often the breaker state and the simulator's counters are polled.
@@ -52,10 +56,35 @@ struct World {
     targets: Targets,
 }
 
-/// Runs `scenario` against real processes and evaluates its checks.
+/// Runs `scenario` against real processes and evaluates its checks; with
+/// a contrast, runs that first and reports it beside the main run.
 pub async fn execute(scenario: &Scenario, bins: &Binaries) -> anyhow::Result<ScenarioReport> {
+    let Some(spec) = &scenario.contrast else {
+        let (samples, assertions) = run_once(scenario, &scenario.config, bins).await?;
+        return Ok(ScenarioReport::new(scenario, &samples, assertions));
+    };
+    let mut contrast = match run_once(scenario, &spec.config, bins).await {
+        Ok((samples, assertions)) => ScenarioReport::new(scenario, &samples, assertions),
+        Err(e) => ScenarioReport::failed_to_run(scenario, &e),
+    };
+    contrast.variant = Some(spec.label.to_owned());
+    let (samples, mut assertions) = run_once(scenario, &scenario.config, bins).await?;
+    assertions.push(contrast_fails(&contrast));
+    let mut report = ScenarioReport::new(scenario, &samples, assertions);
+    report.variant = Some(spec.main_label.to_owned());
+    report.contrast = Some(Box::new(contrast));
+    Ok(report)
+}
+
+/// One run of `scenario` with levee on `config`: fresh processes, the
+/// load, the schedule; its samples and evaluated checks.
+async fn run_once(
+    scenario: &Scenario,
+    config: &str,
+    bins: &Binaries,
+) -> anyhow::Result<(Vec<Sample>, Vec<Assertion>)> {
     let redis = RedisProc::start().await?;
-    let sim = SimProc::start(&bins.sim).await?;
+    let sim = SimProc::start(&bins.sim, scenario.sim).await?;
     let redis_proxy = match scenario.redis_proxy {
         true => Some(FaultProxy::start(redis.addr()).await?),
         false => None,
@@ -76,7 +105,7 @@ pub async fn execute(scenario: &Scenario, bins: &Binaries) -> anyhow::Result<Sce
     };
     let mut replicas = Vec::new();
     for _ in 0..scenario.replicas {
-        replicas.push(LeveeProc::start(&bins.levee, &scenario.config, &env).await?);
+        replicas.push(LeveeProc::start(&bins.levee, config, &env).await?);
     }
     let targets = Targets::new(replicas.iter().map(LeveeProc::url).collect());
     let mut world = World {
@@ -104,20 +133,21 @@ pub async fn execute(scenario: &Scenario, bins: &Binaries) -> anyhow::Result<Sce
     ));
     for step in &scenario.schedule {
         tokio::time::sleep_until(start + step.at).await;
-        apply(&mut world, &step.action, &scenario.config, bins)
+        apply(&mut world, &step.action, config, bins)
             .await
             .with_context(|| format!("{}: {:?}", scenario.name, step.action))?;
     }
     let samples = load.await.context("load task")?;
     let _ = stop_tx.send(true);
     let polls = poller.await.context("poll task")?;
+    let end = scenario.load.duration();
     let assertions = scenario
         .checks
         .iter()
-        .map(|c| evaluate(c, &samples, &polls, scenario.load.duration))
+        .map(|c| evaluate(c, &samples, &polls, end))
         .collect();
     drop(world);
-    Ok(ScenarioReport::new(scenario, &samples, assertions))
+    Ok((samples, assertions))
 }
 
 /// Applies one fault (or heal) action to the processes of the run;

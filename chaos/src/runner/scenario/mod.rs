@@ -10,8 +10,9 @@
 //!   and the fault schedule and polls the breaker ([`Binaries`], [`Poll`]).
 //! - `checks`: [`Check`] and its evaluation, one function per kind.
 //!
-//! This file holds the types all three share ([`Scenario`], [`Step`],
-//! [`Action`]); every public item stays reachable as `scenario::Item`.
+//! This file holds the types all three share ([`Scenario`], [`Contrast`],
+//! [`Step`], [`Action`]); every public item stays reachable as
+//! `scenario::Item`.
 
 use std::time::Duration;
 
@@ -19,14 +20,16 @@ use serde_json::Value;
 
 use super::load::LoadSpec;
 use super::proxy::ProxyMode;
+use crate::sim::LlmCapacity;
 
 mod catalogue;
 mod checks;
 mod execute;
 
 pub use catalogue::{
-    by_name, llm_flapping, llm_hang, llm_killed, llm_slow, redis_frozen, redis_killed_fail_closed,
-    redis_killed_fail_open, redis_slow, replica_killed, vector_store_down, Profile, NAMES,
+    by_name, llm_flapping, llm_hang, llm_killed, llm_slow, noisy_neighbour, noisy_neighbour_config,
+    redis_frozen, redis_killed_fail_closed, redis_killed_fail_open, redis_slow, replica_killed,
+    vector_store_down, Profile, NAMES,
 };
 pub use checks::Check;
 pub use execute::{execute, Binaries, Poll};
@@ -90,6 +93,25 @@ pub struct Scenario {
     pub fault_window: (Duration, Duration),
     /// Assertions.
     pub checks: Vec<Check>,
+    /// The simulated LLM's capacity (`levee-upstream-sim --capacity ..`);
+    /// the default is unlimited and instant.
+    pub sim: LlmCapacity,
+    /// A second run with one setting changed, reported beside this one.
+    pub contrast: Option<Contrast>,
+}
+
+/// A run of the same scenario with one setting turned off, run first and
+/// reported beside the main run. Its checks are evaluated and shown but do
+/// not decide the verdict; the main run asserts that they fail, which is
+/// what shows the scenario can fail at all.
+#[derive(Debug, Clone)]
+pub struct Contrast {
+    /// What the contrast run is, e.g. `isolation off`.
+    pub label: &'static str,
+    /// What the main run is beside it, e.g. `isolation on`.
+    pub main_label: &'static str,
+    /// Levee's TOML config for the contrast run.
+    pub config: String,
 }
 
 /// `n` milliseconds: shorthand for the schedules, bounds and timeouts of
