@@ -66,3 +66,29 @@ fn redis_password_is_redacted_in_errors() {
         "http://user:***@host/"
     );
 }
+
+#[test]
+fn bad_fair_queue_settings_are_refused_at_load_naming_the_key_and_value() {
+    let cases = [
+        ("weight = 0", "ratelimit.tenants.acme.weight", "0"),
+        ("weight = 100000", "ratelimit.tenants.acme.weight", "100000"),
+        ("max_queue = 0", "ratelimit.tenants.acme.max_queue", "0"),
+        ("max_wait = \"0s\"", "ratelimit.tenants.acme.max_wait", "0s"),
+        ("max_wait = \"2h\"", "ratelimit.tenants.acme.max_wait", "2h"),
+    ];
+    for (line, key, value) in cases {
+        let text = format!("[ratelimit.tenants.acme]\n{line}\n");
+        let err = Config::from_toml(&text)
+            .and_then(|c| c.validate().map(|()| c))
+            .expect_err(line);
+        assert_eq!(err.key(), key, "{line}");
+        assert!(err.to_string().contains(value), "{line}: {err}");
+    }
+    // A negative weight does not even parse, and the error names the key.
+    let err = Config::from_toml("[ratelimit.tenants.acme]\nweight = -1\n").expect_err("negative");
+    assert!(err.to_string().contains("weight"), "{err}");
+    let err = Config::from_toml("[fairness]\ncapacity = 0\n")
+        .and_then(|c| c.validate().map(|()| c))
+        .expect_err("capacity 0");
+    assert_eq!(err.key(), "fairness.capacity");
+}
