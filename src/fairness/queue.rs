@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::config::QueuePolicy;
 use super::error::{Overloaded, TenantQueueFull};
 use super::metrics::{FairnessMetrics, Refusal};
-use crate::resilience::BoxError;
+use tower::BoxError;
 
 /// Weight of the newest hold time in the service-time estimate.
 const EWMA_ALPHA: f64 = 0.2;
