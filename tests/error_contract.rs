@@ -458,3 +458,57 @@ async fn a_full_tenant_queue_is_429_and_a_saturated_backend_503_both_with_retry_
     assert!(headers.contains_key(header::RETRY_AFTER));
     hog.abort();
 }
+
+/// A vector store that never answers.
+struct HangingStore;
+
+#[async_trait]
+impl levee::upstream::VectorStore for HangingStore {
+    fn kind(&self) -> &'static str {
+        "qdrant"
+    }
+
+    async fn search(
+        &self,
+        _: &str,
+        _: usize,
+        _: &str,
+    ) -> Result<Vec<levee::upstream::Passage>, UpstreamError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_remote_vector_store_has_fair_queues_too() {
+    use levee::fairness::{FairQueue, QueuePolicy};
+    use levee::wiring::{FairVectorStore, QueuePolicies};
+    let config = config();
+    let quick = QueuePolicy::try_new("t", 1, 4, Duration::from_millis(50)).expect("policy");
+    let store = FairVectorStore::new(
+        Arc::new(HangingStore),
+        FairQueue::new("vector_store", 1),
+        QueuePolicies::new(Default::default(), quick),
+        Duration::from_secs(30),
+    );
+    let mut gw = gateway(&config);
+    gw.pipeline = Pipeline::new(
+        IntentRouter::new(&config.router),
+        Arc::new(store),
+        Arc::new(levee::upstream::ExtractiveAnswerer),
+        Arc::new(InProcessMemory::new(config.memory.clone())),
+        config.vector_store.top_k,
+        gw.health.clone(),
+    );
+    let app = app_from(gw, &config);
+    let hog = tokio::spawn({
+        let app = app.clone();
+        async move { app.oneshot(chat(Some(PARTNER_KEY))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (status, body, headers) = send(&app, chat(Some(PARTNER_KEY))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_error(&body, "tenant_queue_full");
+    assert_eq!(body["dependency"], "vector_store");
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    hog.abort();
+}

@@ -34,6 +34,9 @@ pub struct FairnessConfig {
     /// `resilience.llm.bulkhead.max_concurrent` (the bulkhead stays behind
     /// the queues as a safety net).
     pub capacity: Option<usize>,
+    /// Concurrent searches a remote vector store's queues dispatch into.
+    /// Default: `resilience.vector_store.bulkhead.max_concurrent`.
+    pub vector_store_capacity: Option<usize>,
 }
 
 impl Default for FairnessConfig {
@@ -41,6 +44,7 @@ impl Default for FairnessConfig {
         Self {
             enabled: true,
             capacity: None,
+            vector_store_capacity: None,
         }
     }
 }
@@ -48,13 +52,18 @@ impl Default for FairnessConfig {
 impl FairnessConfig {
     /// Checks the capacity.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(c) = self.capacity {
-            if c == 0 || c > 100_000 {
-                return Err(ConfigError::invalid(
-                    "fairness.capacity",
-                    c.to_string(),
-                    "must be between 1 and 100000",
-                ));
+        for (key, value) in [
+            ("fairness.capacity", self.capacity),
+            ("fairness.vector_store_capacity", self.vector_store_capacity),
+        ] {
+            if let Some(c) = value {
+                if c == 0 || c > 100_000 {
+                    return Err(ConfigError::invalid(
+                        key,
+                        c.to_string(),
+                        "must be between 1 and 100000",
+                    ));
+                }
             }
         }
         Ok(())

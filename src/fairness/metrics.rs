@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use prometheus::{Histogram, IntCounter, IntGauge};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use crate::telemetry::labels::OTHER;
 use crate::telemetry::metrics::{counter, gauge, histogram};
@@ -42,13 +42,21 @@ pub struct FairnessMetrics {
     tenants: HashMap<String, TenantHandles>,
 }
 
-impl FairnessMetrics {
-    /// Registers the families into `metrics`' registry for the queue in
-    /// front of `dependency`; `extra_tenants` are tenant names that are not
-    /// configured but bounded (the anonymous tiers).
-    pub fn register(metrics: &Metrics, dependency: &'static str, extra_tenants: &[&str]) -> Self {
+/// The fair-queue families, registered once; each queue takes its
+/// dependency's handles from them.
+#[derive(Clone, Debug)]
+pub struct FairnessFamilies {
+    labels: Labels,
+    depth: IntGaugeVec,
+    wait: HistogramVec,
+    dispatched: IntCounterVec,
+    rejected: IntCounterVec,
+}
+
+impl FairnessFamilies {
+    /// Registers the families into `metrics`' registry.
+    pub fn register(metrics: &Metrics) -> Self {
         let r = metrics.registry();
-        let labels = metrics.labels().clone();
         let depth = gauge(
             r,
             "levee_fair_queue_depth",
@@ -74,6 +82,26 @@ impl FairnessMetrics {
             "Requests the fair queue refused: queue_full (429) or overloaded (503).",
             &["dependency", "tenant", "reason"],
         );
+        Self {
+            labels: metrics.labels().clone(),
+            depth,
+            wait,
+            dispatched,
+            rejected,
+        }
+    }
+
+    /// The handles of the queue in front of `dependency`; `extra_tenants`
+    /// are tenant names that are not configured but bounded (the anonymous
+    /// tiers).
+    pub fn dependency(&self, dependency: &'static str, extra_tenants: &[&str]) -> FairnessMetrics {
+        let Self {
+            labels,
+            depth,
+            wait,
+            dispatched,
+            rejected,
+        } = self;
         let tenants = labels
             .tenants()
             .chain(extra_tenants.iter().copied())
@@ -90,9 +118,14 @@ impl FairnessMetrics {
                 (t.to_owned(), handles)
             })
             .collect();
-        Self { labels, tenants }
+        FairnessMetrics {
+            labels: labels.clone(),
+            tenants,
+        }
     }
+}
 
+impl FairnessMetrics {
     fn handles(&self, tenant: &str) -> Option<&TenantHandles> {
         self.tenants
             .get(tenant)

@@ -29,7 +29,7 @@ pub use config::{
     FairnessConfig, QueuePolicy, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT, DEFAULT_WEIGHT,
 };
 pub use error::{Overloaded, TenantQueueFull};
-pub use metrics::FairnessMetrics;
+pub use metrics::{FairnessFamilies, FairnessMetrics};
 pub use queue::{FairQueue, Permit};
 
 #[cfg(test)]

@@ -251,7 +251,14 @@ impl Pipeline {
         let mut agents_used = vec!["router".to_owned()];
         let route = self.route(&req.message);
         let passages = match route {
-            Route::Retrieve => match self.retrieve(&req.message, &history).await? {
+            Route::Retrieve => match self
+                .retrieve(
+                    &req.message,
+                    &history,
+                    req.queue_tenant.as_deref().unwrap_or(ANONYMOUS_QUEUE),
+                )
+                .await?
+            {
                 Some(p) => {
                     agents_used.push("retriever".to_owned());
                     p
@@ -325,6 +332,7 @@ impl Pipeline {
         &self,
         message: &str,
         history: &[Turn],
+        tenant: &str,
     ) -> Result<Option<Vec<Passage>>, UpstreamError> {
         let previous = history
             .iter()
@@ -332,7 +340,7 @@ impl Pipeline {
             .find(|t| t.role == Role::User)
             .map(|t| t.content.as_str());
         let query = retrieval_query(message, previous);
-        match self.observe(Dependency::VectorStore, self.search(&query).await) {
+        match self.observe(Dependency::VectorStore, self.search(&query, tenant).await) {
             Ok(p) => Ok(Some(p)),
             // Degrade: answer without retrieval, and say so.
             Err(e) if self.retrieval_fallback == RetrievalFallback::Degrade => {
@@ -344,11 +352,11 @@ impl Pipeline {
     }
 
     /// Calls the vector store inside the retrieval span.
-    async fn search(&self, query: &str) -> Result<Vec<Passage>, UpstreamError> {
+    async fn search(&self, query: &str, tenant: &str) -> Result<Vec<Passage>, UpstreamError> {
         let span = Self::stage_span("retrieval");
         let found = self
             .retriever
-            .search(query, self.top_k)
+            .search(query, self.top_k, tenant)
             .instrument(span.clone())
             .await;
         Self::mark_failed(&span, &found);

@@ -115,7 +115,12 @@ impl VectorStore for LocalIndex {
         "builtin"
     }
 
-    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError> {
+    async fn search(
+        &self,
+        query: &str,
+        top_k: usize,
+        _tenant: &str,
+    ) -> Result<Vec<Passage>, UpstreamError> {
         Ok(self.rank(query, top_k))
     }
 }

@@ -166,6 +166,18 @@ pub trait Embedder: Send + Sync + 'static {
 pub trait VectorStore: Send + Sync + 'static {
     /// `builtin` or `qdrant`, for `/ready` and logs.
     fn kind(&self) -> &'static str;
-    /// The `top_k` best passages, best first.
-    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError>;
+    /// The `top_k` best passages, best first; `tenant` is whose fair-queue
+    /// share a remote search is charged to.
+    async fn search(
+        &self,
+        query: &str,
+        top_k: usize,
+        tenant: &str,
+    ) -> Result<Vec<Passage>, UpstreamError>;
+
+    /// Whether a call would be refused outright (an open breaker), checked
+    /// before queueing. Default: always available.
+    fn available(&self) -> Result<(), UpstreamError> {
+        Ok(())
+    }
 }

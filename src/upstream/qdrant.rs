@@ -177,7 +177,12 @@ impl VectorStore for QdrantClient {
         "qdrant"
     }
 
-    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError> {
+    async fn search(
+        &self,
+        query: &str,
+        top_k: usize,
+        _tenant: &str,
+    ) -> Result<Vec<Passage>, UpstreamError> {
         let vector = self.embedder.embed(query).await?;
         self.search_points(vector, top_k).await
     }

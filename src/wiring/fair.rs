@@ -14,7 +14,9 @@ use tracing::Instrument;
 
 use crate::fairness::{FairQueue, QueuePolicy};
 use crate::resilience::DeadlineExceeded;
-use crate::upstream::{Answer, Completion, Dependency, Llm, UpstreamError, UpstreamErrorKind};
+use crate::upstream::{
+    Answer, Completion, Dependency, Llm, Passage, UpstreamError, UpstreamErrorKind, VectorStore,
+};
 
 /// Each tenant's queue policy; the `default` tenant entry (else the
 /// built-in defaults) covers the rest, the anonymous tiers included.
@@ -127,5 +129,82 @@ impl Llm for FairLlm {
                 .map_or(0, |a| a.usage.prompt_tokens + a.usage.completion_tokens),
         );
         result
+    }
+}
+
+/// A remote vector store behind per-tenant fair queues, like [`FairLlm`]:
+/// breaker first, then the tenant's turn, then the stack. A search costs
+/// one unit (searches are alike; tokens are the LLM's measure).
+pub struct FairVectorStore {
+    inner: Arc<dyn VectorStore>,
+    queue: FairQueue,
+    policies: QueuePolicies,
+    deadline: Duration,
+}
+
+impl FairVectorStore {
+    /// Puts `inner` behind `queue`; `deadline` bounds the wait plus the
+    /// search.
+    pub fn new(
+        inner: Arc<dyn VectorStore>,
+        queue: FairQueue,
+        policies: QueuePolicies,
+        deadline: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            queue,
+            policies,
+            deadline,
+        }
+    }
+}
+
+#[async_trait]
+impl VectorStore for FairVectorStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn available(&self) -> Result<(), UpstreamError> {
+        self.inner.available()
+    }
+
+    async fn search(
+        &self,
+        query: &str,
+        top_k: usize,
+        tenant: &str,
+    ) -> Result<Vec<Passage>, UpstreamError> {
+        self.inner.available()?;
+        let deadline = Instant::now() + self.deadline;
+        let span = tracing::info_span!(
+            target: "levee::fairness",
+            "fair_queue",
+            otel.name = "fair_queue.wait",
+            otel.kind = "internal",
+            levee.dependency = "vector_store",
+        );
+        let _permit = self
+            .queue
+            .acquire(tenant, self.policies.get(tenant), 1, Some(deadline))
+            .instrument(span)
+            .await
+            .map_err(|e| UpstreamError {
+                dependency: Dependency::VectorStore,
+                kind: UpstreamErrorKind::NotAdmitted,
+                source: Some(e),
+            })?;
+        match tokio::time::timeout_at(deadline, self.inner.search(query, top_k, tenant)).await {
+            Ok(result) => result,
+            Err(_) => Err(UpstreamError {
+                dependency: Dependency::VectorStore,
+                kind: UpstreamErrorKind::Timeout,
+                source: Some(Box::new(DeadlineExceeded {
+                    dependency: "vector_store",
+                    after: self.deadline,
+                })),
+            }),
+        }
     }
 }

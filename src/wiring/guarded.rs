@@ -90,27 +90,7 @@ impl Llm for GuardedLlm {
     }
 
     fn available(&self) -> Result<(), UpstreamError> {
-        let Some(breaker) = &self.breaker else {
-            return Ok(());
-        };
-        if !matches!(
-            breaker.state(),
-            BreakerState::Open { .. } | BreakerState::ForcedOpen
-        ) {
-            return Ok(());
-        }
-        // Ask the gate itself for the refusal (and its Retry-After); a
-        // permit granted in the meantime is dropped unused, which frees it.
-        match breaker.permit() {
-            Ok(_unused) => Ok(()),
-            Err(open) => Err(UpstreamError {
-                dependency: Dependency::Llm,
-                kind: UpstreamErrorKind::Unavailable {
-                    retry_after: open.retry_after,
-                },
-                source: Some(Box::new(open)),
-            }),
-        }
+        open_breaker(self.breaker.as_ref(), Dependency::Llm)
     }
 
     async fn complete(&self, request: Completion<'_>) -> Result<Answer, UpstreamError> {
@@ -124,6 +104,32 @@ impl Llm for GuardedLlm {
             .call(call)
             .await
             .map_err(|e| UpstreamError::from_stack(Dependency::Llm, e))
+    }
+}
+
+/// The refusal an open breaker would answer, checked before any other
+/// work (and before queueing) so a call it would refuse costs nothing.
+fn open_breaker(breaker: Option<&Breaker>, dependency: Dependency) -> Result<(), UpstreamError> {
+    let Some(breaker) = breaker else {
+        return Ok(());
+    };
+    if !matches!(
+        breaker.state(),
+        BreakerState::Open { .. } | BreakerState::ForcedOpen
+    ) {
+        return Ok(());
+    }
+    // Ask the gate itself for the refusal (and its Retry-After); a permit
+    // granted in the meantime is dropped unused, which frees it.
+    match breaker.permit() {
+        Ok(_unused) => Ok(()),
+        Err(open) => Err(UpstreamError {
+            dependency,
+            kind: UpstreamErrorKind::Unavailable {
+                retry_after: open.retry_after,
+            },
+            source: Some(Box::new(open)),
+        }),
     }
 }
 
@@ -169,6 +175,7 @@ impl Llm for FallbackLlm {
 pub struct SearchCall {
     query: String,
     top_k: usize,
+    tenant: String,
 }
 
 impl Retryable for SearchCall {
@@ -181,6 +188,7 @@ impl Retryable for SearchCall {
 pub struct GuardedVectorStore {
     kind: &'static str,
     svc: Shared<SearchCall, Vec<Passage>>,
+    breaker: Option<Breaker>,
 }
 
 impl GuardedVectorStore {
@@ -189,11 +197,12 @@ impl GuardedVectorStore {
         let kind = inner.kind();
         let client = tower::service_fn(move |call: SearchCall| {
             let inner = inner.clone();
-            async move { inner.search(&call.query, call.top_k).await }
+            async move { inner.search(&call.query, call.top_k, &call.tenant).await }
         });
         Self {
             kind,
             svc: Shared::new(stack.wrap(client)),
+            breaker: stack.breaker().cloned(),
         }
     }
 }
@@ -204,10 +213,20 @@ impl VectorStore for GuardedVectorStore {
         self.kind
     }
 
-    async fn search(&self, query: &str, top_k: usize) -> Result<Vec<Passage>, UpstreamError> {
+    fn available(&self) -> Result<(), UpstreamError> {
+        open_breaker(self.breaker.as_ref(), Dependency::VectorStore)
+    }
+
+    async fn search(
+        &self,
+        query: &str,
+        top_k: usize,
+        tenant: &str,
+    ) -> Result<Vec<Passage>, UpstreamError> {
         let call = SearchCall {
             query: query.to_owned(),
             top_k,
+            tenant: tenant.to_owned(),
         };
         self.svc
             .call(call)

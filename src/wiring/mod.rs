@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 
 use crate::config::{Config, ConfigError};
-use crate::fairness::{FairQueue, FairnessMetrics};
+use crate::fairness::{FairQueue, FairnessFamilies};
 use crate::health::DependencyHealth;
 use crate::identity::Resolver;
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
@@ -31,7 +31,7 @@ mod fair;
 mod guarded;
 
 pub use breakers::Breakers;
-pub use fair::{FairLlm, QueuePolicies};
+pub use fair::{FairLlm, FairVectorStore, QueuePolicies};
 pub use guarded::{
     CompletionCall, FallbackLlm, GuardedLimitStore, GuardedLlm, GuardedMemory, GuardedVectorStore,
     LimitCall, MemoryCall, SearchCall,
@@ -80,6 +80,7 @@ pub fn build(
     let llm = build_llm(config, vars, &obs, &mut breakers)?;
     let llm = fair_llm(config, llm, &obs)?;
     let retriever = build_retriever(config, vars, &obs, &mut breakers)?;
+    let retriever = fair_retriever(config, retriever, &obs)?;
 
     let redis = redis_connection(config)?;
     // One stack for Redis, shared by the limiter store and memory: when its
@@ -140,9 +141,47 @@ fn fair_llm(
         .fairness
         .capacity
         .unwrap_or(policy.bulkhead.max_concurrent);
-    let tenants = &config.ratelimit.tenants;
+    let metrics = obs.fairness.dependency("llm", &ANONYMOUS_QUEUES);
+    let queue = FairQueue::new("llm", capacity).with_metrics(metrics);
+    Ok(Arc::new(FairLlm::new(
+        llm,
+        queue,
+        queue_policies(config)?,
+        u64::from(config.llm.max_tokens),
+        policy.deadline,
+    )))
+}
+
+/// A remote vector store behind its own fair queues, with the capacity of
+/// its bulkhead (`fairness.vector_store_capacity` overrides it).
+fn fair_retriever(
+    config: &Config,
+    retriever: Arc<dyn VectorStore>,
+    obs: &Instruments,
+) -> Result<Arc<dyn VectorStore>, BuildError> {
+    if !config.fairness.enabled || config.vector_store.url.is_empty() {
+        return Ok(retriever);
+    }
+    let policy = &config.resilience.vector_store;
+    let capacity = config
+        .fairness
+        .vector_store_capacity
+        .unwrap_or(policy.bulkhead.max_concurrent);
+    let metrics = obs.fairness.dependency("vector_store", &ANONYMOUS_QUEUES);
+    let queue = FairQueue::new("vector_store", capacity).with_metrics(metrics);
+    Ok(Arc::new(FairVectorStore::new(
+        retriever,
+        queue,
+        queue_policies(config)?,
+        policy.deadline,
+    )))
+}
+
+/// Each tenant's queue policy from `ratelimit.tenants`; the `default`
+/// entry (else the built-in defaults) covers everyone else.
+fn queue_policies(config: &Config) -> Result<QueuePolicies, BuildError> {
     let mut by_tenant = HashMap::new();
-    for (name, t) in tenants {
+    for (name, t) in &config.ratelimit.tenants {
         by_tenant.insert(
             name.clone(),
             t.queue_policy(&format!("ratelimit.tenants.{name}"))?,
@@ -152,15 +191,7 @@ fn fair_llm(
         .get(DEFAULT_TENANT_POLICY)
         .copied()
         .unwrap_or_default();
-    let metrics = FairnessMetrics::register(&obs.metrics, "llm", &ANONYMOUS_QUEUES);
-    let queue = FairQueue::new("llm", capacity).with_metrics(metrics);
-    Ok(Arc::new(FairLlm::new(
-        llm,
-        queue,
-        QueuePolicies::new(by_tenant, fallback),
-        u64::from(config.llm.max_tokens),
-        policy.deadline,
-    )))
+    Ok(QueuePolicies::new(by_tenant, fallback))
 }
 
 /// The fair-queue tenants of anonymous callers, one per network tier (see
@@ -174,6 +205,7 @@ struct Instruments {
     metrics: Metrics,
     upstream: UpstreamMetrics,
     resilience: ResilienceMetrics,
+    fairness: FairnessFamilies,
 }
 
 impl Instruments {
@@ -203,6 +235,7 @@ impl Instruments {
         }
         Self {
             upstream: UpstreamMetrics::register(&metrics),
+            fairness: FairnessFamilies::register(&metrics),
             resilience,
             metrics,
         }
