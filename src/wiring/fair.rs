@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::fairness::{FairQueue, QueuePolicy};
+use crate::fairness::{FairQueue, Permit, QueuePolicy};
 use crate::resilience::DeadlineExceeded;
 use crate::upstream::{
     Answer, Completion, Dependency, Llm, Passage, UpstreamError, UpstreamErrorKind, VectorStore,
@@ -69,11 +69,54 @@ impl FairLlm {
     }
 }
 
-fn not_admitted(source: crate::resilience::BoxError) -> UpstreamError {
-    UpstreamError {
-        dependency: Dependency::Llm,
-        kind: UpstreamErrorKind::NotAdmitted,
-        source: Some(source),
+/// Waits for `tenant`'s turn at a slot of `queue`, inside a
+/// `fair_queue.wait` span; a refusal leaves as the dependency's
+/// `NotAdmitted`, with the queue's error as its source.
+async fn admit(
+    queue: &FairQueue,
+    policy: QueuePolicy,
+    tenant: &str,
+    cost: u64,
+    deadline: Instant,
+    dependency: Dependency,
+) -> Result<Permit, UpstreamError> {
+    let span = tracing::info_span!(
+        target: "levee::fairness",
+        "fair_queue",
+        otel.name = "fair_queue.wait",
+        otel.kind = "internal",
+        levee.dependency = dependency.as_str(),
+        levee.fair_queue.cost = cost,
+    );
+    queue
+        .acquire(tenant, policy, cost, Some(deadline))
+        .instrument(span)
+        .await
+        .map_err(|source| UpstreamError {
+            dependency,
+            kind: UpstreamErrorKind::NotAdmitted,
+            source: Some(source),
+        })
+}
+
+/// Runs `call` within what is left of the request's `deadline` (whose
+/// whole length is `total`), which covered the wait too.
+async fn within<T>(
+    deadline: Instant,
+    total: Duration,
+    dependency: Dependency,
+    call: impl std::future::Future<Output = Result<T, UpstreamError>>,
+) -> Result<T, UpstreamError> {
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(result) => result,
+        Err(_) => Err(UpstreamError {
+            dependency,
+            kind: UpstreamErrorKind::Timeout,
+            source: Some(Box::new(DeadlineExceeded {
+                dependency: dependency.as_str(),
+                after: total,
+            })),
+        }),
     }
 }
 
@@ -92,36 +135,18 @@ impl Llm for FairLlm {
         self.inner.available()?;
         let deadline = Instant::now() + self.deadline;
         let estimate = request.estimated_tokens(self.max_tokens);
-        let span = tracing::info_span!(
-            target: "levee::fairness",
-            "fair_queue",
-            otel.name = "fair_queue.wait",
-            otel.kind = "internal",
-            levee.dependency = "llm",
-            levee.fair_queue.estimated_tokens = estimate,
-        );
-        let mut permit = self
-            .queue
-            .acquire(
-                request.tenant,
-                self.policies.get(request.tenant),
-                estimate,
-                Some(deadline),
-            )
-            .instrument(span)
-            .await
-            .map_err(not_admitted)?;
-        let result = match tokio::time::timeout_at(deadline, self.inner.complete(request)).await {
-            Ok(result) => result,
-            Err(_) => Err(UpstreamError {
-                dependency: Dependency::Llm,
-                kind: UpstreamErrorKind::Timeout,
-                source: Some(Box::new(DeadlineExceeded {
-                    dependency: "llm",
-                    after: self.deadline,
-                })),
-            }),
-        };
+        let policy = self.policies.get(request.tenant);
+        let mut permit = admit(
+            &self.queue,
+            policy,
+            request.tenant,
+            estimate,
+            deadline,
+            Dependency::Llm,
+        )
+        .await?;
+        let call = self.inner.complete(request);
+        let result = within(deadline, self.deadline, Dependency::Llm, call).await;
         // Settle with what the call used: a failed call used nothing.
         permit.settle(
             result
@@ -178,33 +203,10 @@ impl VectorStore for FairVectorStore {
     ) -> Result<Vec<Passage>, UpstreamError> {
         self.inner.available()?;
         let deadline = Instant::now() + self.deadline;
-        let span = tracing::info_span!(
-            target: "levee::fairness",
-            "fair_queue",
-            otel.name = "fair_queue.wait",
-            otel.kind = "internal",
-            levee.dependency = "vector_store",
-        );
-        let _permit = self
-            .queue
-            .acquire(tenant, self.policies.get(tenant), 1, Some(deadline))
-            .instrument(span)
-            .await
-            .map_err(|e| UpstreamError {
-                dependency: Dependency::VectorStore,
-                kind: UpstreamErrorKind::NotAdmitted,
-                source: Some(e),
-            })?;
-        match tokio::time::timeout_at(deadline, self.inner.search(query, top_k, tenant)).await {
-            Ok(result) => result,
-            Err(_) => Err(UpstreamError {
-                dependency: Dependency::VectorStore,
-                kind: UpstreamErrorKind::Timeout,
-                source: Some(Box::new(DeadlineExceeded {
-                    dependency: "vector_store",
-                    after: self.deadline,
-                })),
-            }),
-        }
+        let policy = self.policies.get(tenant);
+        let dependency = Dependency::VectorStore;
+        let _permit = admit(&self.queue, policy, tenant, 1, deadline, dependency).await?;
+        let call = self.inner.search(query, top_k, tenant);
+        within(deadline, self.deadline, dependency, call).await
     }
 }
