@@ -32,5 +32,10 @@ pub use error::{Overloaded, TenantQueueFull};
 pub use metrics::{FairnessFamilies, FairnessMetrics};
 pub use queue::{FairQueue, Permit};
 
+/// The fair-queue tenant of anonymous callers on an internal network.
+pub const ANONYMOUS_INTERNAL: &str = "anon:internal";
+/// The fair-queue tenant of anonymous callers on a public network.
+pub const ANONYMOUS_PUBLIC: &str = "anon:public";
+
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::{ApiError, AppState, Failure};
+use crate::fairness::{ANONYMOUS_INTERNAL, ANONYMOUS_PUBLIC};
 use crate::identity::{Identity, NetworkClass};
 use crate::rag::ChatRequest;
 
@@ -87,8 +88,8 @@ fn queue_tenant(identity: Option<&Identity>) -> String {
         Some(i) => match i.tenant() {
             Some(t) => t.to_owned(),
             None => match i.network {
-                NetworkClass::Internal => "anon:internal".to_owned(),
-                NetworkClass::Public => "anon:public".to_owned(),
+                NetworkClass::Internal => ANONYMOUS_INTERNAL.to_owned(),
+                NetworkClass::Public => ANONYMOUS_PUBLIC.to_owned(),
             },
         },
         None => crate::rag::ANONYMOUS_QUEUE.to_owned(),

@@ -177,10 +177,7 @@ impl RateLimitMetrics {
 mod tests {
     use super::*;
 
-    fn value(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-    }
+    use crate::telemetry::metrics::tests::value;
 
     #[test]
     fn unknown_tenants_and_tiers_share_one_label_value() {

@@ -169,10 +169,7 @@ impl ResilienceObserver for DependencyMetrics {
 mod tests {
     use super::*;
 
-    fn value(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-    }
+    use crate::telemetry::metrics::tests::value;
 
     fn encode(r: &Registry) -> String {
         use prometheus::Encoder;

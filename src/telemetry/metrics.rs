@@ -246,10 +246,12 @@ impl Metrics {
     }
 }
 
+/// Test helpers shared by every subsystem's metric tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// The value of `series` (a full `name{labels}`) in exposition `text`.
     pub(crate) fn value(text: &str, series: &str) -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 
 use crate::config::{Config, ConfigError};
-use crate::fairness::{FairQueue, FairnessFamilies};
+use crate::fairness::{FairQueue, FairnessFamilies, ANONYMOUS_INTERNAL, ANONYMOUS_PUBLIC};
 use crate::health::DependencyHealth;
 use crate::identity::Resolver;
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
@@ -196,8 +196,11 @@ fn queue_policies(config: &Config) -> Result<QueuePolicies, BuildError> {
 
 /// The fair-queue tenants of anonymous callers, one per network tier (see
 /// `http::chat`), plus the pipeline's own default.
-pub const ANONYMOUS_QUEUES: [&str; 3] =
-    ["anon:internal", "anon:public", crate::rag::ANONYMOUS_QUEUE];
+pub const ANONYMOUS_QUEUES: [&str; 3] = [
+    ANONYMOUS_INTERNAL,
+    ANONYMOUS_PUBLIC,
+    crate::rag::ANONYMOUS_QUEUE,
+];
 
 /// The one metrics registry of this process (served at /metrics) and the
 /// families each subsystem registered into it.
