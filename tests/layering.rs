@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["identity", "resilience", "fairness"],
     &["upstream"],
     &["health"],
-    &["rag"],
+    &["rag", "proxy"],
     &["ratelimit"],
     &["config"],
     &["wiring"],

@@ -24,8 +24,9 @@ pub use crate::rag::config::{
     DEFAULT_MEMORY_MAX_THREADS, DEFAULT_MEMORY_MAX_TURNS, DEFAULT_MEMORY_TTL,
 };
 pub use crate::upstream::config::{
-    LlmConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EMBEDDING_MODEL, DEFAULT_LLM_API_KEY_ENV,
-    DEFAULT_LLM_MAX_TOKENS, DEFAULT_LLM_MODEL,
+    DeploymentConfig, LlmConfig, ModelConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_LLM_API_KEY_ENV, DEFAULT_LLM_MAX_TOKENS, DEFAULT_LLM_MODEL, DEFAULT_STREAM_DRAIN_BYTES,
+    DEFAULT_STREAM_DRAIN_TIMEOUT,
 };
 pub use env::{apply_env, OVERRIDES};
 
@@ -301,6 +302,72 @@ impl LlmConfig {
                 redact_url(&self.secondary_url),
                 "a secondary LLM needs a primary: set llm.url",
             ));
+        }
+        self.validate_models()
+    }
+
+    /// Checks `llm.models` and the stream drain bounds: unique, non-empty
+    /// names, each with at least one deployment of a valid URL and a
+    /// positive weight.
+    fn validate_models(&self) -> Result<(), ConfigError> {
+        check_positive("llm.stream_drain_timeout", self.stream_drain_timeout)?;
+        check(
+            self.stream_drain_bytes > 0,
+            "llm.stream_drain_bytes",
+            self.stream_drain_bytes,
+            "must be positive",
+        )?;
+        let mut seen = std::collections::HashSet::new();
+        for (i, model) in self.models.iter().enumerate() {
+            let at = format!("llm.models[{i}]");
+            let name_ok = !model.name.is_empty()
+                && model.name.len() <= 256
+                && !model
+                    .name
+                    .chars()
+                    .any(|c| c.is_control() || c.is_whitespace());
+            check(
+                name_ok,
+                &format!("{at}.name"),
+                &model.name,
+                "must be 1 to 256 characters, without spaces or control characters",
+            )?;
+            check(
+                seen.insert(model.name.as_str()),
+                &format!("{at}.name"),
+                &model.name,
+                "names a model already listed",
+            )?;
+            check(
+                !model.deployments.is_empty(),
+                &format!("{at}.deployments"),
+                "[]",
+                "a model needs at least one deployment",
+            )?;
+            for (j, d) in model.deployments.iter().enumerate() {
+                let key = format!("{at}.deployments[{j}]");
+                check(
+                    !d.url.is_empty(),
+                    &format!("{key}.url"),
+                    &d.url,
+                    "must be set",
+                )?;
+                check_url(&format!("{key}.url"), &d.url)?;
+                check(
+                    d.weight > 0,
+                    &format!("{key}.weight"),
+                    d.weight,
+                    "must be positive",
+                )?;
+                if let Some(m) = &d.model {
+                    check(
+                        !m.trim().is_empty(),
+                        &format!("{key}.model"),
+                        m,
+                        "must not be empty (leave it out to send the model's name)",
+                    )?;
+                }
+            }
         }
         Ok(())
     }

@@ -23,6 +23,7 @@
 mod config;
 mod error;
 mod metrics;
+mod policies;
 mod queue;
 
 pub use config::{
@@ -30,6 +31,7 @@ pub use config::{
 };
 pub use error::{Overloaded, TenantQueueFull};
 pub use metrics::{FairnessFamilies, FairnessMetrics};
+pub use policies::QueuePolicies;
 pub use queue::{FairQueue, Permit};
 
 /// The fair-queue tenant of anonymous callers on an internal network.

@@ -83,7 +83,7 @@ async fn handle(
 
 /// Whose share of the LLM the request uses: the key's tenant, or one
 /// anonymous tenant per network tier (never what the body claims).
-fn queue_tenant(identity: Option<&Identity>) -> String {
+pub(super) fn queue_tenant(identity: Option<&Identity>) -> String {
     match identity {
         Some(i) => match i.tenant() {
             Some(t) => t.to_owned(),
@@ -105,7 +105,7 @@ fn estimate_tokens(message: &str, max_tokens: u64) -> u64 {
     words * 2 + CONTEXT_ALLOWANCE + max_tokens
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         // A missing Content-Type is accepted: the body must still be JSON.
         return Ok(());

@@ -14,6 +14,7 @@ use tower::BoxError;
 
 use crate::fairness::{Overloaded, TenantQueueFull};
 use crate::identity::IdentityError;
+use crate::proxy::{InvalidRequest, ModelNotFound};
 use crate::ratelimit::{LimiterUnavailable, RateLimited, Rejection};
 use crate::resilience::{BulkheadFull, CircuitOpen, DeadlineExceeded, Elapsed};
 use crate::upstream::{UpstreamError, UpstreamErrorKind};
@@ -144,6 +145,30 @@ impl ApiError {
         }
         if let Some(up) = e.downcast_ref::<UpstreamError>() {
             return Self::from_upstream(up);
+        }
+        if let Some(bad) = e.downcast_ref::<InvalidRequest>() {
+            let err = Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                bad.message.clone(),
+            );
+            return Some(match &bad.param {
+                Some(param) => err.with_field(param.clone()),
+                None => err,
+            });
+        }
+        if let Some(missing) = e.downcast_ref::<ModelNotFound>() {
+            return Some(
+                Self::new(
+                    StatusCode::NOT_FOUND,
+                    "model_not_found",
+                    format!(
+                        "The model `{}` does not exist or you do not have access to it.",
+                        missing.model
+                    ),
+                )
+                .with_field("model"),
+            );
         }
         if let Some(rl) = e.downcast_ref::<RateLimited>() {
             return Some(Self::rate_limited(rl));
@@ -326,12 +351,46 @@ impl std::fmt::Display for Chain<'_> {
     }
 }
 
+/// The shape errors take on a route: Levee's own, or OpenAI's on the
+/// OpenAI-compatible routes, where the SDKs read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error": code, "message": …}`.
+    Levee,
+    /// `{"error": {"message", "type", "param", "code"}}`, with 400 for
+    /// every invalid body (OpenAI has no 422).
+    OpenAi,
+}
+
+impl Dialect {
+    /// The dialect of the routes under `path`.
+    pub fn for_path(path: &str) -> Self {
+        let openai = ["/v1/chat/completions", "/v1/embeddings", "/v1/models"]
+            .iter()
+            .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')));
+        if openai {
+            Self::OpenAi
+        } else {
+            Self::Levee
+        }
+    }
+}
+
 /// The one error path: every error a layer or a handler produces becomes
 /// its response here. The status, code and body come from the first cause
 /// [`ApiError::from_error`] recognises; headers that travel with the error
 /// (the rate-limit fields of a [`Rejection`]) are added.
 pub fn respond(err: &(dyn std::error::Error + 'static)) -> Response {
-    let mut resp = ApiError::from_error(err).into_response();
+    respond_as(Dialect::Levee, err)
+}
+
+/// [`respond`] in `dialect`.
+pub fn respond_as(dialect: Dialect, err: &(dyn std::error::Error + 'static)) -> Response {
+    let api = ApiError::from_error(err);
+    let mut resp = match dialect {
+        Dialect::Levee => api.into_response(),
+        Dialect::OpenAi => api.into_openai_response(),
+    };
     let mut cause = Some(err);
     while let Some(e) = cause {
         if let Some(r) = e.downcast_ref::<Rejection>() {
@@ -343,9 +402,26 @@ pub fn respond(err: &(dyn std::error::Error + 'static)) -> Response {
 }
 
 /// [`respond`] for the errors the middleware stack returns (the identity
-/// and rate-limit layers), as axum's `HandleErrorLayer` wants it.
-pub async fn rescue(err: BoxError) -> Response {
-    respond(err.as_ref())
+/// and rate-limit layers), as axum's `HandleErrorLayer` wants it, in the
+/// dialect of the request's route.
+pub async fn rescue(uri: http::Uri, err: BoxError) -> Response {
+    respond_as(Dialect::for_path(uri.path()), err.as_ref())
+}
+
+/// A handler's error on an OpenAI-compatible route.
+#[derive(Debug)]
+pub struct OpenAiFailure(pub BoxError);
+
+impl<E: Into<BoxError>> From<E> for OpenAiFailure {
+    fn from(err: E) -> Self {
+        Self(err.into())
+    }
+}
+
+impl IntoResponse for OpenAiFailure {
+    fn into_response(self) -> Response {
+        respond_as(Dialect::OpenAi, self.0.as_ref())
+    }
 }
 
 /// A handler's error: anything, answered through [`respond`].
@@ -382,6 +458,68 @@ impl IntoResponse for ApiError {
             extra: &self.extra,
         };
         let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+#[derive(Serialize)]
+struct OpenAiBody<'a> {
+    error: OpenAiInner<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiInner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: &'a str,
+}
+
+impl ApiError {
+    /// OpenAI's `type` for this error: what the SDKs and their users
+    /// match on besides the status.
+    fn openai_type(&self) -> &'static str {
+        match (self.status.as_u16(), self.code) {
+            (429, _) if self.extra.get("layer").and_then(|l| l.as_str()) == Some("tokens") => {
+                "tokens"
+            }
+            (429, _) => "requests",
+            (s, _) if s >= 500 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// OpenAI's `code`, where it has one for the case; else Levee's.
+    fn openai_code(&self) -> &'static str {
+        match self.code {
+            "unauthorized" => "invalid_api_key",
+            "rate_limited" => "rate_limit_exceeded",
+            other => other,
+        }
+    }
+
+    /// The error in OpenAI's shape.
+    pub fn into_openai_response(self) -> Response {
+        // OpenAI answers every invalid body with 400.
+        let status = if self.status == StatusCode::UNPROCESSABLE_ENTITY {
+            StatusCode::BAD_REQUEST
+        } else {
+            self.status
+        };
+        let body = OpenAiBody {
+            error: OpenAiInner {
+                message: &self.message,
+                kind: self.openai_type(),
+                param: self.field.as_deref(),
+                code: self.openai_code(),
+            },
+        };
+        let mut resp = (status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

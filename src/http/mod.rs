@@ -16,13 +16,17 @@ use tower::ServiceBuilder;
 mod admin;
 mod chat;
 mod error;
+mod openai;
 
 pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
-pub use error::{rescue, respond, ApiError, BareStatus, Failure};
+pub use error::{
+    rescue, respond, respond_as, ApiError, BareStatus, Dialect, Failure, OpenAiFailure,
+};
 
 use crate::config::Config;
 use crate::health::{DependencyHealth, DependencyState};
 use crate::identity::{IdentityLayer, OnRefusal, Resolver};
+use crate::proxy::Proxy;
 use crate::rag::Pipeline;
 use crate::ratelimit::{Limiter, RateLimitLayer};
 use crate::telemetry::{Metrics, TraceLayer};
@@ -39,6 +43,8 @@ pub struct AppState(Arc<Shared>);
 pub struct Shared {
     /// The RAG pipeline.
     pub pipeline: Pipeline,
+    /// The OpenAI-compatible API's models and deployments.
+    pub proxy: Arc<Proxy>,
     /// Resolves who is calling (the identity layer).
     pub resolver: Arc<Resolver>,
     /// The rate limiter (`None` when `ratelimit.enabled = false`).
@@ -65,6 +71,7 @@ impl AppState {
     pub fn new(gateway: Gateway, config: &Config, admin_token: Option<String>) -> Self {
         Self(Arc::new(Shared {
             pipeline: gateway.pipeline,
+            proxy: gateway.proxy,
             resolver: gateway.resolver,
             limiter: gateway.limiter,
             llm_max_tokens: u64::from(config.llm.max_tokens),
@@ -91,6 +98,9 @@ pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     let app = Router::new()
         .route("/v1/chat", post(chat::chat))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -214,7 +224,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
         method,
         path: uri.path().to_owned(),
     };
-    let mut out = error::respond(&bare);
+    let mut out = error::respond_as(error::Dialect::for_path(uri.path()), &bare);
     // Keep headers such as `Allow` on a 405.
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.remove(header::CONTENT_TYPE);

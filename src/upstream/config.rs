@@ -15,6 +15,10 @@ pub const DEFAULT_LLM_API_KEY_ENV: &str = "LEVEE_LLM_API_KEY";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default `max_tokens` asked of the LLM.
 pub const DEFAULT_LLM_MAX_TOKENS: u32 = 512;
+/// Default bound on reading a stream on after its client went away.
+pub const DEFAULT_STREAM_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default byte bound on the same.
+pub const DEFAULT_STREAM_DRAIN_BYTES: usize = 1 << 20;
 
 /// The LLM upstream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,6 +43,53 @@ pub struct LlmConfig {
     /// A second OpenAI-compatible base URL, used when the primary fails or
     /// its breaker is open (same model, key and policy). Default: none.
     pub secondary_url: String,
+    /// The models of the OpenAI-compatible API (`/v1/chat/completions`,
+    /// `/v1/embeddings`, `/v1/models`), each with its deployments. Empty
+    /// (the default): `llm.url` (and `llm.secondary_url`) serve every model
+    /// name as it is.
+    pub models: Vec<ModelConfig>,
+    /// After a streaming client disconnects, the upstream is read on for
+    /// at most this long so the real usage is still settled; past it the
+    /// reservation is charged in full. Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub stream_drain_timeout: Duration,
+    /// The same bound in bytes. Default 1 MiB.
+    pub stream_drain_bytes: usize,
+}
+
+/// One model name clients ask for, and where it is served.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients send as `model` and `GET /v1/models` lists.
+    pub name: String,
+    /// Where it is served; tried by weight, the next one when a
+    /// deployment's breaker is open, it is busy or it fails before the
+    /// first byte reached the client.
+    pub deployments: Vec<DeploymentConfig>,
+}
+
+/// One OpenAI-compatible endpoint serving a model, behind its own
+/// resilience stack and breaker (`[resilience.llm]`'s policy).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentConfig {
+    /// Base URL, e.g. `https://api.openai.com/v1`.
+    pub url: String,
+    /// The environment variable holding this deployment's API key.
+    /// Default: `llm.api_key_env`.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The model name sent upstream. Default: the model's `name`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Share of the traffic, relative to the other deployments. Default 1.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 impl Default for LlmConfig {
@@ -51,6 +102,9 @@ impl Default for LlmConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_tokens: DEFAULT_LLM_MAX_TOKENS,
             secondary_url: String::new(),
+            models: Vec::new(),
+            stream_drain_timeout: DEFAULT_STREAM_DRAIN_TIMEOUT,
+            stream_drain_bytes: DEFAULT_STREAM_DRAIN_BYTES,
         }
     }
 }

@@ -28,7 +28,7 @@ pub use error::{UpstreamError, UpstreamErrorKind};
 pub use extractive::ExtractiveAnswerer;
 pub use local::LocalIndex;
 pub use metrics::{TokenKind, UpstreamMetrics, UpstreamOutcome};
-pub use openai::OpenAiClient;
+pub use openai::{retry_after, OpenAiClient};
 pub use qdrant::QdrantClient;
 
 /// A dependency, as named in errors, metrics and `/ready`.

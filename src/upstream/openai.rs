@@ -195,7 +195,7 @@ impl OpenAiClient {
 }
 
 /// Reads a `Retry-After` given in seconds.
-pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()

@@ -4,7 +4,6 @@
 //! through the LLM's resilience stack (the bulkhead there stays as a
 //! safety net). The request deadline covers the wait and the call.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,33 +11,11 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::fairness::{FairQueue, Permit, QueuePolicy};
+use crate::fairness::{FairQueue, Permit, QueuePolicies, QueuePolicy};
 use crate::resilience::DeadlineExceeded;
 use crate::upstream::{
     Answer, Completion, Dependency, Llm, Passage, UpstreamError, UpstreamErrorKind, VectorStore,
 };
-
-/// Each tenant's queue policy; the `default` tenant entry (else the
-/// built-in defaults) covers the rest, the anonymous tiers included.
-#[derive(Debug, Clone, Default)]
-pub struct QueuePolicies {
-    by_tenant: HashMap<String, QueuePolicy>,
-    fallback: QueuePolicy,
-}
-
-impl QueuePolicies {
-    /// Policies for these tenants, and `fallback` for everyone else.
-    pub fn new(by_tenant: HashMap<String, QueuePolicy>, fallback: QueuePolicy) -> Self {
-        Self {
-            by_tenant,
-            fallback,
-        }
-    }
-
-    fn get(&self, tenant: &str) -> QueuePolicy {
-        self.by_tenant.get(tenant).copied().unwrap_or(self.fallback)
-    }
-}
 
 /// The LLM behind per-tenant fair queues.
 pub struct FairLlm {

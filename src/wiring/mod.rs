@@ -15,6 +15,7 @@ use crate::config::{Config, ConfigError};
 use crate::fairness::{FairQueue, FairnessFamilies, ANONYMOUS_INTERNAL, ANONYMOUS_PUBLIC};
 use crate::health::DependencyHealth;
 use crate::identity::Resolver;
+use crate::proxy::{Bounds, DrainBound, Endpoint, GenAiMetrics, Model, Proxy, PASSTHROUGH_MODEL};
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
 use crate::ratelimit::policy::Policy;
 use crate::ratelimit::store::{LimitStore, MemoryStore, RedisStore};
@@ -30,8 +31,9 @@ mod breakers;
 mod fair;
 mod guarded;
 
+pub use crate::fairness::QueuePolicies;
 pub use breakers::Breakers;
-pub use fair::{FairLlm, FairVectorStore, QueuePolicies};
+pub use fair::{FairLlm, FairVectorStore};
 pub use guarded::{
     CompletionCall, FallbackLlm, GuardedLimitStore, GuardedLlm, GuardedMemory, GuardedVectorStore,
     LimitCall, MemoryCall, SearchCall,
@@ -53,6 +55,8 @@ pub enum BuildError {
 pub struct Gateway {
     /// The RAG pipeline.
     pub pipeline: Pipeline,
+    /// The OpenAI-compatible API's models.
+    pub proxy: Arc<Proxy>,
     /// Resolves who is calling (the identity layer).
     pub resolver: Arc<Resolver>,
     /// The rate limiter (`None` when `ratelimit.enabled = false`).
@@ -77,8 +81,10 @@ pub fn build(
     let res = &config.resilience;
     let mut breakers = Breakers::default();
 
-    let llm = build_llm(config, vars, &obs, &mut breakers)?;
-    let llm = fair_llm(config, llm, &obs)?;
+    let (llm, llm_stacks) = build_llm(config, vars, &obs, &mut breakers)?;
+    let llm_queue = llm_queue(config, &obs);
+    let llm = fair_llm(config, llm, llm_queue.clone())?;
+    let proxy = build_proxy(config, vars, &obs, &mut breakers, &llm_stacks, llm_queue)?;
     let retriever = build_retriever(config, vars, &obs, &mut breakers)?;
     let retriever = fair_retriever(config, retriever, &obs)?;
 
@@ -118,6 +124,7 @@ pub fn build(
     .with_metrics(obs.upstream.clone());
     Ok(Gateway {
         pipeline,
+        proxy: Arc::new(proxy),
         resolver: Arc::new(Resolver::new(&config.identity)),
         limiter,
         health,
@@ -126,23 +133,32 @@ pub fn build(
     })
 }
 
-/// The LLM behind per-tenant fair queues (`[fairness]`), when it is a
-/// remote one: the built-in answerer has no capacity to share.
-fn fair_llm(
-    config: &Config,
-    llm: Arc<dyn Llm>,
-    obs: &Instruments,
-) -> Result<Arc<dyn Llm>, BuildError> {
+/// The fair queue in front of `llm.url` (`[fairness]`), when it is a
+/// remote LLM: the built-in answerer has no capacity to share. The RAG
+/// pipeline and the OpenAI-compatible API share it, as they share the
+/// LLM's capacity.
+fn llm_queue(config: &Config, obs: &Instruments) -> Option<FairQueue> {
     if !config.fairness.enabled || config.llm.url.is_empty() {
-        return Ok(llm);
+        return None;
     }
-    let policy = &config.resilience.llm;
     let capacity = config
         .fairness
         .capacity
-        .unwrap_or(policy.bulkhead.max_concurrent);
+        .unwrap_or(config.resilience.llm.bulkhead.max_concurrent);
     let metrics = obs.fairness.dependency("llm", &ANONYMOUS_QUEUES);
-    let queue = FairQueue::new("llm", capacity).with_metrics(metrics);
+    Some(FairQueue::new("llm", capacity).with_metrics(metrics))
+}
+
+/// The LLM behind its fair queue, if it has one.
+fn fair_llm(
+    config: &Config,
+    llm: Arc<dyn Llm>,
+    queue: Option<FairQueue>,
+) -> Result<Arc<dyn Llm>, BuildError> {
+    let Some(queue) = queue else {
+        return Ok(llm);
+    };
+    let policy = &config.resilience.llm;
     Ok(Arc::new(FairLlm::new(
         llm,
         queue,
@@ -209,6 +225,7 @@ struct Instruments {
     upstream: UpstreamMetrics,
     resilience: ResilienceMetrics,
     fairness: FairnessFamilies,
+    gen_ai: GenAiMetrics,
 }
 
 impl Instruments {
@@ -239,6 +256,7 @@ impl Instruments {
         Self {
             upstream: UpstreamMetrics::register(&metrics),
             fairness: FairnessFamilies::register(&metrics),
+            gen_ai: GenAiMetrics::register(&metrics),
             resilience,
             metrics,
         }
@@ -257,9 +275,9 @@ fn build_llm(
     vars: &impl Fn(&str) -> Option<String>,
     obs: &Instruments,
     breakers: &mut Breakers,
-) -> Result<Arc<dyn Llm>, BuildError> {
+) -> Result<(Arc<dyn Llm>, Vec<DependencyStack>), BuildError> {
     if config.llm.url.is_empty() {
-        return Ok(Arc::new(ExtractiveAnswerer));
+        return Ok((Arc::new(ExtractiveAnswerer), Vec::new()));
     }
     let policy = &config.resilience.llm;
     let client = |url: &str| -> Result<Arc<dyn Llm>, BuildError> {
@@ -273,7 +291,7 @@ fn build_llm(
     breakers.add(&stack);
     let primary: Arc<dyn Llm> = Arc::new(GuardedLlm::new(client(&config.llm.url)?, &stack));
     if config.llm.secondary_url.is_empty() {
-        return Ok(primary);
+        return Ok((primary, vec![stack]));
     }
     let secondary_stack = DependencyStack::new(
         "llm_secondary",
@@ -285,7 +303,89 @@ fn build_llm(
         client(&config.llm.secondary_url)?,
         &secondary_stack,
     ));
-    Ok(Arc::new(FallbackLlm::new(primary, secondary)))
+    Ok((
+        Arc::new(FallbackLlm::new(primary, secondary)),
+        vec![stack, secondary_stack],
+    ))
+}
+
+/// The OpenAI-compatible API: each `[[llm.models]]` entry with its
+/// deployments, each behind a stack of its own (`llm:<model>:<n>`, the
+/// `[resilience.llm]` policy) and the model's fair queue; or, with none
+/// configured, `llm.url` (and `llm.secondary_url`) serving every model
+/// name, through the stacks and fair queue the RAG pipeline uses.
+fn build_proxy(
+    config: &Config,
+    vars: &impl Fn(&str) -> Option<String>,
+    obs: &Instruments,
+    breakers: &mut Breakers,
+    llm_stacks: &[DependencyStack],
+    llm_queue: Option<FairQueue>,
+) -> Result<Proxy, BuildError> {
+    let llm = &config.llm;
+    let policy = &config.resilience.llm;
+    // One connection pool for every deployment; the stacks bound calls.
+    let http = reqwest::Client::builder()
+        .connect_timeout(llm.connect_timeout)
+        .build()?;
+    let key = |env: Option<&str>| vars(env.unwrap_or(&llm.api_key_env)).filter(|k| !k.is_empty());
+    let bounds = Bounds {
+        deadline: policy.deadline,
+        // A stream silent for a whole attempt is taken as broken off.
+        idle: policy.attempt_timeout,
+        drain: DrainBound {
+            timeout: llm.stream_drain_timeout,
+            bytes: llm.stream_drain_bytes,
+        },
+    };
+    let policies = queue_policies(config)?;
+    let mut models = Vec::new();
+    for model in &llm.models {
+        let label: &'static str = Box::leak(model.name.clone().into_boxed_str());
+        let mut builder = Model::builder(label, &obs.gen_ai);
+        let mut capacity = 0;
+        for (i, d) in model.deployments.iter().enumerate() {
+            // Named once per build; the names are bounded by the config.
+            let name: &'static str = Box::leak(format!("llm:{}:{i}", model.name).into_boxed_str());
+            let stack = DependencyStack::new(name, policy.clone(), obs.observer(name))?;
+            breakers.add(&stack);
+            capacity += policy.bulkhead.max_concurrent;
+            let endpoint = Endpoint {
+                url: d.url.clone(),
+                api_key: key(d.api_key_env.as_deref()),
+                upstream_model: d.model.clone(),
+                weight: d.weight,
+            };
+            builder = builder.deployment(endpoint, http.clone(), &stack);
+        }
+        if config.fairness.enabled {
+            let dependency: &'static str =
+                Box::leak(format!("llm:{}", model.name).into_boxed_str());
+            let capacity = config.fairness.capacity.unwrap_or(capacity);
+            let metrics = obs.fairness.dependency(dependency, &ANONYMOUS_QUEUES);
+            builder =
+                builder.fair_queue(FairQueue::new(dependency, capacity).with_metrics(metrics));
+        }
+        models.push((model.name.clone(), builder.build()));
+    }
+    let passthrough = (models.is_empty() && !llm_stacks.is_empty()).then(|| {
+        let urls = [&llm.url, &llm.secondary_url];
+        let mut builder = Model::builder(PASSTHROUGH_MODEL, &obs.gen_ai);
+        for (url, stack) in urls.into_iter().zip(llm_stacks) {
+            let endpoint = Endpoint {
+                url: url.clone(),
+                api_key: key(None),
+                upstream_model: None,
+                weight: 1,
+            };
+            builder = builder.deployment(endpoint, http.clone(), stack);
+        }
+        if let Some(queue) = llm_queue {
+            builder = builder.fair_queue(queue);
+        }
+        builder.build()
+    });
+    Ok(Proxy::new(models, passthrough, policies, bounds))
 }
 
 /// The vector store: the built-in index, or Qdrant (with query embeddings
