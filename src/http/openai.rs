@@ -77,11 +77,9 @@ type Reserved = Arc<Mutex<Option<(Arc<Limiter>, TokenReservation)>>>;
 async fn settle(reserved: &Reserved, used: Option<u64>) {
     let taken = reserved.lock().ok().and_then(|mut r| r.take());
     if let Some((limiter, reservation)) = taken {
-        match used {
-            Some(used) => limiter.settle_tokens(reservation, used).await,
-            // Usage unknown: the reservation stands as charged.
-            None => drop(reservation),
-        }
+        // Usage unknown: the reservation is charged in full.
+        let used = used.unwrap_or_else(|| reservation.reserved());
+        limiter.settle_tokens(reservation, used).await;
     }
 }
 

@@ -50,6 +50,14 @@ impl std::error::Error for Rejection {
 pub struct TokenReservation {
     spec: LimitSpec,
     reserved: u64,
+    tenant: Arc<str>,
+}
+
+impl TokenReservation {
+    /// The tokens reserved (what settling "in full" charges).
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
 }
 
 /// `Retry-After` while the store is down under fail-closed.
@@ -441,9 +449,14 @@ impl Limiter {
         let checked = self.check(&applied).await?;
         if checked.decision.allowed {
             let [budget] = applied;
+            let tenant = identity
+                .key
+                .as_ref()
+                .map_or_else(|| Arc::from(""), |k| Arc::from(k.tenant.as_str()));
             Ok(Some(TokenReservation {
                 reserved: budget.spec.cost,
                 spec: budget.spec,
+                tenant,
             }))
         } else {
             let headers = checked.headers(&applied);
@@ -458,6 +471,9 @@ impl Limiter {
     /// difference. A store failure here is logged, not surfaced: the answer
     /// has already been produced.
     pub async fn settle_tokens(&self, reservation: TokenReservation, used: u64) {
+        if let Some(m) = &self.metrics {
+            m.record_tokens(&reservation.tenant, used);
+        }
         let delta = i64::try_from(used).unwrap_or(i64::MAX)
             - i64::try_from(reservation.reserved).unwrap_or(i64::MAX);
         if delta == 0 {

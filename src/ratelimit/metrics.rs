@@ -85,6 +85,8 @@ pub struct RateLimitMetrics {
     tenants: HashMap<String, PerDecision>,
     store_duration: Histogram,
     store_errors: IntCounter,
+    /// Tokens settled against each tenant's budget, by tenant label.
+    tokens: HashMap<String, IntCounter>,
 }
 
 impl RateLimitMetrics {
@@ -135,12 +137,24 @@ impl RateLimitMetrics {
             .chain([OTHER])
             .map(|t| (t.to_owned(), per_decision(&tenant_family, &[t])))
             .collect();
+        let tokens_family = counter(
+            r,
+            "levee_ratelimit_tenant_tokens_total",
+            "Tokens settled against tenant token budgets: the usage the LLM reported, or the whole reservation when it is unknown.",
+            &["tenant"],
+        );
+        let tokens = labels
+            .tenants()
+            .chain([OTHER])
+            .map(|t| (t.to_owned(), tokens_family.with_label_values(&[t])))
+            .collect();
         Self {
             labels,
             decisions,
             tenants,
             store_duration,
             store_errors,
+            tokens,
         }
     }
 
@@ -161,6 +175,14 @@ impl RateLimitMetrics {
         let tenant = self.labels.tenant(tenant);
         if let Some(c) = self.tenants.get(tenant) {
             c[decision.index()].inc();
+        }
+    }
+
+    /// Counts tokens settled against `tenant`'s budget.
+    pub fn record_tokens(&self, tenant: &str, tokens: u64) {
+        let tenant = self.labels.tenant(tenant);
+        if let Some(c) = self.tokens.get(tenant) {
+            c.inc_by(tokens);
         }
     }
 
