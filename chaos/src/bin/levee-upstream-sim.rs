@@ -15,7 +15,7 @@ use std::io::Write;
 use anyhow::Context;
 use clap::Parser;
 use levee_chaos::sim::{
-    self, LlmCapacity, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM, LISTENING_PREFIX,
+    self, LlmCapacity, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM, DEFAULT_MODEL, LISTENING_PREFIX,
 };
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -51,6 +51,10 @@ struct Cli {
     /// POST /_faults `per_token_ms` overrides it.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     per_token_ms: u64,
+    /// Model ids GET /v1/models lists, comma separated, e.g.
+    /// `--models gpt-4o,gpt-4o-mini`. Chat accepts any model name anyway.
+    #[arg(long, value_name = "IDS", value_delimiter = ',', default_value = DEFAULT_MODEL)]
+    models: Vec<String>,
 }
 
 #[tokio::main]
@@ -72,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
             service_ms: cli.service_ms,
             per_token_ms: cli.per_token_ms,
         },
+        models: cli.models,
     };
     config.validate().context("invalid configuration")?;
     let listener = TcpListener::bind(&cli.listen)

@@ -1,6 +1,9 @@
 //! The router and the state its handlers share.
 
-use std::sync::{atomic::AtomicU64, Arc};
+use std::{
+    sync::{atomic::AtomicU64, Arc},
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use axum::{
     middleware,
@@ -9,7 +12,7 @@ use axum::{
 };
 
 use super::{
-    capacity::Capacity, chat, config::SimConfig, embeddings, faults, faults::Faults, stats,
+    capacity::Capacity, chat, config::SimConfig, embeddings, faults, faults::Faults, models, stats,
     stats::Stats, vector, vector::VectorStore,
 };
 
@@ -28,6 +31,9 @@ pub(crate) struct AppState {
     pub(crate) stats: Stats,
     /// Source of `chatcmpl-sim-N` ids.
     pub(crate) next_id: AtomicU64,
+    /// Unix seconds when this instance started: the `created` of every
+    /// listed model.
+    pub(crate) started: u64,
 }
 
 impl AppState {
@@ -39,6 +45,7 @@ impl AppState {
             capacity: Capacity::new(config.llm),
             stats: Stats::default(),
             next_id: AtomicU64::new(0),
+            started: unix_now(),
             config,
         }
     }
@@ -59,6 +66,7 @@ pub(crate) fn app(state: Arc<AppState>) -> Router {
     // must keep answering while the upstream misbehaves.
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/models", get(models::list))
         .route("/v1/embeddings", post(embeddings::create))
         .route(
             "/collections/{name}",
@@ -78,4 +86,11 @@ pub(crate) fn app(state: Arc<AppState>) -> Router {
         .route("/_stats/reset", post(stats::reset))
         .route("/healthz", get(|| async { "ok\n" }));
     api.merge(control).with_state(state)
+}
+
+/// Seconds since the Unix epoch; 0 if the clock is before it.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -1,5 +1,6 @@
 //! What the simulator serves: the built-in collection's name, the
-//! embedding dimension, and the chat model's capacity.
+//! embedding dimension, the model ids `GET /v1/models` lists, and the chat
+//! model's capacity.
 
 use thiserror::Error;
 
@@ -8,6 +9,13 @@ pub const DEFAULT_COLLECTION: &str = "acme_kb";
 
 /// Dimension of the embeddings and of the built-in collection's vectors.
 pub const DEFAULT_DIM: usize = 64;
+
+/// The one model listed by default, and the model name chat echoes when a
+/// request names none.
+pub const DEFAULT_MODEL: &str = "levee-sim";
+
+/// Most model ids accepted; a listing is a handful, not a catalogue.
+const MAX_MODELS: usize = 1_000;
 
 /// Largest embedding dimension accepted; keeps a typo from allocating gigabytes.
 const MAX_DIM: usize = 65_536;
@@ -32,6 +40,10 @@ pub struct SimConfig {
     pub dim: usize,
     /// The chat model's capacity; the default is unlimited.
     pub llm: LlmCapacity,
+    /// Model ids `GET /v1/models` lists, in this order; default just
+    /// [`DEFAULT_MODEL`]. Chat accepts any model name regardless, so this
+    /// only shapes what a gateway discovers (e.g. its model routing table).
+    pub models: Vec<String>,
 }
 
 /// How much the simulated LLM serves at once, and for how long each call
@@ -72,6 +84,12 @@ pub enum ConfigError {
     /// `llm.per_token_ms` is absurdly large.
     #[error("per_token_ms must be at most {MAX_PER_TOKEN_MS}, got {0}")]
     PerTokenMs(u64),
+    /// `models` is empty or absurdly long, or an id is empty, contains
+    /// whitespace or a comma, or repeats.
+    #[error(
+        "models must be 1 to {MAX_MODELS} distinct non-empty ids without whitespace or ',', {0}"
+    )]
+    Models(String),
 }
 
 impl Default for SimConfig {
@@ -80,6 +98,7 @@ impl Default for SimConfig {
             collection: DEFAULT_COLLECTION.to_owned(),
             dim: DEFAULT_DIM,
             llm: LlmCapacity::default(),
+            models: vec![DEFAULT_MODEL.to_owned()],
         }
     }
 }
@@ -93,8 +112,27 @@ impl SimConfig {
         if self.collection.is_empty() || self.collection.contains('/') {
             return Err(ConfigError::Collection(self.collection.clone()));
         }
+        validate_models(&self.models)?;
         self.llm.validate()
     }
+}
+
+/// A listing a client can use as is: ids are what a request's `model`
+/// field carries, so a blank, spaced or repeated id is a typo, not a model;
+/// a comma can only come from a list that was never split.
+fn validate_models(models: &[String]) -> Result<(), ConfigError> {
+    if models.is_empty() || models.len() > MAX_MODELS {
+        return Err(ConfigError::Models(format!("got {} ids", models.len())));
+    }
+    for (i, id) in models.iter().enumerate() {
+        if id.is_empty() || id.contains(|c: char| c.is_whitespace() || c == ',') {
+            return Err(ConfigError::Models(format!("got {id:?}")));
+        }
+        if models[..i].contains(id) {
+            return Err(ConfigError::Models(format!("got {id:?} twice")));
+        }
+    }
+    Ok(())
 }
 
 impl LlmCapacity {
@@ -143,5 +181,32 @@ mod tests {
         let err = config.validate().expect_err("too large");
         assert_eq!(err, ConfigError::Capacity(100_001));
         assert!(err.to_string().starts_with("capacity must be"), "{err}");
+    }
+
+    #[test]
+    fn blank_spaced_or_repeated_model_ids_are_rejected() {
+        let with = |models: &[&str]| SimConfig {
+            models: models.iter().map(|&m| m.to_owned()).collect(),
+            ..SimConfig::default()
+        };
+        assert_eq!(with(&["gpt-4o", "gpt-4o-mini"]).validate(), Ok(()));
+        // What `--models a,,b`, `--models "a, b"` or a repeat would give.
+        for bad in [
+            &[][..],
+            &["a", "", "b"],
+            &["a", " b"],
+            &["a", "b", "a"],
+            &["a,b"],
+        ] {
+            let err = with(bad).validate().expect_err("invalid models");
+            assert!(
+                err.to_string().starts_with("models must be"),
+                "{bad:?}: {err}"
+            );
+        }
+        assert_eq!(
+            with(&[]).validate(),
+            Err(ConfigError::Models("got 0 ids".to_owned()))
+        );
     }
 }

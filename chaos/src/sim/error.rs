@@ -14,7 +14,7 @@ use serde_json::json;
 /// targets and stats counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
-    /// `POST /v1/chat/completions`.
+    /// `POST /v1/chat/completions` and `GET /v1/models`, the LLM's API.
     Chat,
     /// `POST /v1/embeddings`.
     Embeddings,
@@ -28,7 +28,8 @@ impl Api {
 
     /// The API serving `path`, if it is an API path at all.
     pub(crate) fn classify(path: &str) -> Option<Self> {
-        if path.starts_with("/v1/chat/") {
+        // The model listing is the LLM's API surface: its faults, its counter.
+        if path.starts_with("/v1/chat/") || path == "/v1/models" {
             Some(Api::Chat)
         } else if path.starts_with("/v1/embeddings") {
             Some(Api::Embeddings)

@@ -5,9 +5,11 @@
 //!
 //! Order within a request: count the arrival, sleep the latency, then reset
 //! the connection, hang, or answer an error; otherwise serve normally. A
-//! chat call that gets through is served by the capacity model
+//! chat completion that gets through is served by the capacity model
 //! (`capacity`), which decides whether the latency is spent before its
-//! slot or as its service time.
+//! slot or as its service time. Two faults act later, on the SSE body of a
+//! streamed completion: `stream_chunk_delay_ms` spaces its frames and
+//! `stream_fail_after` cuts it short.
 //!
 //! The chat model's settings (`capacity`, `service_ms`, `per_token_ms`)
 //! travel in the same command and follow the same rule: a command for
@@ -74,6 +76,13 @@ pub struct FaultSpec {
     /// Delay between SSE chunks of streamed chat completions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_chunk_delay_ms: Option<u64>,
+    /// A streamed chat completion sends this many SSE frames, then its body
+    /// fails: the connection is dropped without the terminating chunk and
+    /// without `data: [DONE]`, as when an LLM dies mid-generation (0: the
+    /// 200 and headers, then nothing). A stream with no more frames than
+    /// this ends normally; non-streamed calls are unaffected. Chat only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_fail_after: Option<u64>,
     /// Adds `Retry-After: N` to injected errors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
@@ -100,7 +109,7 @@ pub enum FaultTarget {
     /// Chat, embeddings and vector store alike.
     #[default]
     All,
-    /// `POST /v1/chat/completions`.
+    /// `POST /v1/chat/completions` and `GET /v1/models`.
     Chat,
     /// `POST /v1/embeddings`.
     Embeddings,
@@ -139,7 +148,18 @@ struct FaultSet {
     hang: bool,
     reset: bool,
     stream_chunk_delay_ms: u64,
+    stream_fail_after: Option<u64>,
     retry_after_s: Option<u64>,
+}
+
+/// What the SSE body of a streamed completion suffers, read once when the
+/// completion is created so one stream sees one consistent fault set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct StreamFaults {
+    /// Wait before every frame but the first.
+    pub(crate) chunk_delay: Duration,
+    /// Fail the body after this many frames.
+    pub(crate) fail_after: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +208,9 @@ impl FaultSpec {
                 "stream_chunk_delay_ms" => {
                     spec.stream_chunk_delay_ms = field("stream_chunk_delay_ms", value)?;
                 }
+                "stream_fail_after" => {
+                    spec.stream_fail_after = field("stream_fail_after", value)?;
+                }
                 "retry_after_s" => spec.retry_after_s = field("retry_after_s", value)?,
                 "capacity" => spec.capacity = field("capacity", value)?,
                 "service_ms" => spec.service_ms = field("service_ms", value)?,
@@ -218,11 +241,13 @@ impl FaultSpec {
                 });
             }
         }
-        self.validate_capacity()
+        self.validate_chat_only()
     }
 
-    /// The chat model's fields: within their bounds, and only for chat.
-    fn validate_capacity(&self) -> Result<(), FaultSpecError> {
+    /// The chat model's fields and `stream_fail_after`: within their
+    /// bounds, and only for chat (a command for embeddings or vector that
+    /// sets them is a mistake, not a no-op to ignore silently).
+    fn validate_chat_only(&self) -> Result<(), FaultSpecError> {
         let fields = [
             (
                 "capacity",
@@ -231,6 +256,7 @@ impl FaultSpec {
             ),
             ("service_ms", self.service_ms, MAX_SERVICE_MS),
             ("per_token_ms", self.per_token_ms, MAX_PER_TOKEN_MS),
+            ("stream_fail_after", self.stream_fail_after, u64::MAX),
         ];
         for (field, value, max) in fields {
             let Some(value) = value else { continue };
@@ -276,6 +302,7 @@ impl Default for FaultSet {
             hang: false,
             reset: false,
             stream_chunk_delay_ms: 0,
+            stream_fail_after: None,
             retry_after_s: None,
         }
     }
@@ -290,6 +317,7 @@ impl From<&FaultSpec> for FaultSet {
             hang: spec.hang,
             reset: spec.reset,
             stream_chunk_delay_ms: spec.stream_chunk_delay_ms.unwrap_or(0),
+            stream_fail_after: spec.stream_fail_after,
             retry_after_s: spec.retry_after_s,
         }
     }
@@ -370,9 +398,13 @@ impl Faults {
         self.release.send_modify(|generation| *generation += 1);
     }
 
-    /// The SSE inter-chunk delay currently configured for `api`.
-    pub(crate) fn stream_chunk_delay(&self, api: Api) -> Duration {
-        Duration::from_millis(self.lock()[api.index()].set.stream_chunk_delay_ms)
+    /// The SSE faults currently configured for `api`.
+    pub(crate) fn stream_faults(&self, api: Api) -> StreamFaults {
+        let set = &self.lock()[api.index()].set;
+        StreamFaults {
+            chunk_delay: Duration::from_millis(set.stream_chunk_delay_ms),
+            fail_after: set.stream_fail_after,
+        }
     }
 
     /// `{"chat":{..},"embeddings":{..},"vector":{..}}`.
@@ -400,7 +432,10 @@ pub(crate) async fn apply(
     // Subscribe before deciding so a release racing with the decision is seen.
     let mut released = state.faults.release.subscribe();
     let (latency, action) = state.faults.decide(api);
-    if api == Api::Chat && action == Action::Pass {
+    // Only completions occupy the model; a model listing is answered by
+    // the API front end, like any other request.
+    let completion = api == Api::Chat && request.uri().path() != "/v1/models";
+    if completion && action == Action::Pass {
         return state.capacity.serve(latency, request, next).await;
     }
     if !latency.is_zero() {
@@ -538,6 +573,39 @@ mod tests {
         assert!(err.to_string().contains("`service_ms`"), "{err}");
         let err = FaultSpec::from_json(br#"{"capacity": -1}"#).expect_err("negative");
         assert!(err.to_string().contains("`capacity`"), "{err}");
+    }
+
+    #[test]
+    fn stream_fail_after_is_chat_only_and_reaches_the_chat_stream_faults() {
+        let spec = FaultSpec::from_json(br#"{"stream_fail_after": 3, "target": "chat"}"#)
+            .expect("valid for chat");
+        assert_eq!(spec.stream_fail_after, Some(3));
+        let all = FaultSpec::from_json(br#"{"stream_fail_after": 0}"#).expect("valid for all");
+        assert_eq!(all.stream_fail_after, Some(0));
+        for target in ["embeddings", "vector"] {
+            let body = format!(r#"{{"stream_fail_after": 3, "target": "{target}"}}"#);
+            let err = FaultSpec::from_json(body.as_bytes()).expect_err("chat only");
+            assert!(err.to_string().contains("`stream_fail_after`"), "{err}");
+        }
+        let err = FaultSpec::from_json(br#"{"stream_fail_after": -1}"#).expect_err("negative");
+        assert!(err.to_string().contains("`stream_fail_after`"), "{err}");
+
+        let faults = Faults::new();
+        faults.replace(&spec);
+        assert_eq!(
+            faults.stream_faults(Api::Chat),
+            StreamFaults {
+                chunk_delay: Duration::ZERO,
+                fail_after: Some(3)
+            }
+        );
+        assert_eq!(faults.snapshot()["chat"]["stream_fail_after"], 3);
+        assert_eq!(
+            faults.snapshot()["vector"]["stream_fail_after"],
+            Value::Null
+        );
+        faults.clear();
+        assert_eq!(faults.stream_faults(Api::Chat), StreamFaults::default());
     }
 
     #[test]

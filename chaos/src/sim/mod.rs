@@ -9,7 +9,7 @@
 //!   service time per call.
 //! - `text`: tokenising, sentence splitting and the hashed bag-of-words
 //!   embedding shared by the LLM and the vector store.
-//! - `chat`, `embeddings`, `vector`: the OpenAI and Qdrant endpoints.
+//! - `chat`, `models`, `embeddings`, `vector`: the OpenAI and Qdrant endpoints.
 //! - `faults`: the fault set per API ([`FaultSpec`] on the wire) and the
 //!   middleware that applies it.
 //! - `stats`: request counters and captured `traceparent` headers.
@@ -23,6 +23,7 @@
 //! | Method | Path | What |
 //! |---|---|---|
 //! | POST | `/v1/chat/completions` | extractive answer from the system messages, optional SSE |
+//! | GET | `/v1/models` | the `--models` ids in OpenAI's list shape (chat's faults and counter) |
 //! | POST | `/v1/embeddings` | deterministic hashed bag-of-words vectors |
 //! | POST | `/collections/{name}/points/search` | cosine search |
 //! | PUT | `/collections/{name}/points` | upsert (creates the collection) |
@@ -38,13 +39,16 @@ mod config;
 mod embeddings;
 mod error;
 mod faults;
+mod models;
 mod server;
 mod stats;
 mod text;
 mod vector;
 
 pub use app::router;
-pub use config::{ConfigError, LlmCapacity, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM};
+pub use config::{
+    ConfigError, LlmCapacity, SimConfig, DEFAULT_COLLECTION, DEFAULT_DIM, DEFAULT_MODEL,
+};
 pub use faults::{FaultSpec, FaultSpecError, FaultTarget, HANG_MAX};
 pub use server::{serve, spawn, spawn_on, SimHandle, DRAIN_TIMEOUT, LISTENING_PREFIX};
 pub use text::embed;

@@ -6,7 +6,20 @@
 //! answered with an injected error or reset still counts. `/_stats` adds
 //! the chat model's gauges under `llm`: `capacity` (0 = unlimited),
 //! `in_flight` (calls holding a slot), `max_in_flight` (its high-water
-//! mark since start or the last reset) and `queued` (calls waiting for one).
+//! mark since start or the last reset) and `queued` (calls waiting for one);
+//! and what the completions themselves did, so a gateway's tests can check
+//! its accounting and its streams against the upstream's:
+//!
+//! - `streams_open`: streamed chat bodies neither finished nor dropped. A
+//!   client (or gateway) that hangs up mid-stream brings it back down when
+//!   hyper drops the body, so 0 after a test proves no upstream stream was
+//!   left open. A gauge: reset leaves it.
+//! - `completions`, `prompt_tokens`, `completion_tokens`: chat completions
+//!   answered and the totals of their `usage`. A streamed one counts when
+//!   it is created, with the figures its usage chunk carries, whether or
+//!   not the client asks for that chunk or reads to the end.
+//! - `include_usage_requests`: streamed requests that asked for the usage
+//!   chunk (`stream_options.include_usage: true`).
 
 use std::{
     collections::VecDeque,
@@ -32,7 +45,20 @@ pub(crate) struct Stats {
     hangs: AtomicU64,
     resets: AtomicU64,
     traces: Mutex<Traces>,
+    /// Shared with every [`OpenStream`], which outlives the handler.
+    streams_open: Arc<AtomicU64>,
+    completions: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    include_usage_requests: AtomicU64,
 }
+
+/// One streamed chat body counted in `streams_open`; uncounts itself when
+/// dropped. The body drops it as soon as its last frame (or its injected
+/// failure) is out, and hyper drops the body, guard and all, when the
+/// client goes away, so every way a stream ends uncounts it exactly once.
+#[derive(Debug)]
+pub(crate) struct OpenStream(Arc<AtomicU64>);
 
 #[derive(Debug, Default)]
 struct Traces {
@@ -76,6 +102,41 @@ impl Stats {
         self.resets.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a chat completion answered with this `usage`.
+    pub(crate) fn record_completion(&self, prompt_tokens: u64, completion_tokens: u64) {
+        self.completions.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(completion_tokens, Ordering::Relaxed);
+    }
+
+    /// Counts a streamed request with `stream_options.include_usage: true`.
+    pub(crate) fn record_include_usage(&self) {
+        self.include_usage_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a streamed body as open until the returned guard goes.
+    pub(crate) fn open_stream(&self) -> OpenStream {
+        self.streams_open.fetch_add(1, Ordering::Relaxed);
+        OpenStream(self.streams_open.clone())
+    }
+
+    /// The completion counters `/_stats` shows under `llm`.
+    fn llm(&self) -> serde_json::Map<String, Value> {
+        let load = |c: &AtomicU64| json!(c.load(Ordering::Relaxed));
+        [
+            ("streams_open", load(&self.streams_open)),
+            ("completions", load(&self.completions)),
+            ("prompt_tokens", load(&self.prompt_tokens)),
+            ("completion_tokens", load(&self.completion_tokens)),
+            ("include_usage_requests", load(&self.include_usage_requests)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
     fn snapshot(&self) -> Value {
         let count = |api: Api| self.requests[api.index()].load(Ordering::Relaxed);
         let traces = self.traces.lock().expect("traces lock poisoned");
@@ -97,19 +158,35 @@ impl Stats {
     }
 
     fn reset(&self) {
-        let counters = self
-            .requests
-            .iter()
-            .chain([&self.errors, &self.hangs, &self.resets]);
+        // Not `streams_open`: those streams are still open.
+        let counters = self.requests.iter().chain([
+            &self.errors,
+            &self.hangs,
+            &self.resets,
+            &self.completions,
+            &self.prompt_tokens,
+            &self.completion_tokens,
+            &self.include_usage_requests,
+        ]);
         counters.for_each(|c| c.store(0, Ordering::Relaxed));
         *self.traces.lock().expect("traces lock poisoned") = Traces::default();
     }
 }
 
-/// The counters plus the chat model's `llm` gauges.
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The counters plus the chat model's `llm` gauges and completion counters.
 fn snapshot(state: &AppState) -> Value {
     let mut out = state.stats.snapshot();
-    out["llm"] = state.capacity.stats();
+    let mut llm = state.capacity.stats();
+    if let Value::Object(llm) = &mut llm {
+        llm.extend(state.stats.llm());
+    }
+    out["llm"] = llm;
     out
 }
 
@@ -118,10 +195,50 @@ pub(crate) async fn show(State(state): State<Arc<AppState>>) -> Json<Value> {
     Json(snapshot(&state))
 }
 
-/// `POST /_stats/reset`: zeroes counters, forgets traceparents and
-/// restarts the chat model's in-flight high-water mark.
+/// `POST /_stats/reset`: zeroes counters (completions and token totals
+/// too), forgets traceparents and restarts the chat model's in-flight
+/// high-water mark; gauges (`in_flight`, `queued`, `streams_open`) stay.
 pub(crate) async fn reset(State(state): State<Arc<AppState>>) -> Json<Value> {
     state.stats.reset();
     state.capacity.reset_stats();
     Json(snapshot(&state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_streams_uncount_on_drop_and_survive_a_reset() {
+        let stats = Stats::default();
+        let first = stats.open_stream();
+        let second = stats.open_stream();
+        stats.record_completion(10, 4);
+        stats.record_completion(5, 2);
+        stats.record_include_usage();
+        assert_eq!(
+            Value::Object(stats.llm()),
+            json!({
+                "streams_open": 2,
+                "completions": 2,
+                "prompt_tokens": 15,
+                "completion_tokens": 6,
+                "include_usage_requests": 1,
+            })
+        );
+        drop(first);
+        stats.reset();
+        assert_eq!(
+            Value::Object(stats.llm()),
+            json!({
+                "streams_open": 1,
+                "completions": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "include_usage_requests": 0,
+            })
+        );
+        drop(second);
+        assert_eq!(stats.llm()["streams_open"], 0);
+    }
 }
