@@ -7,7 +7,9 @@
 # Needs: the Rust toolchain. Installs (Debian/Ubuntu, apt-get) if missing:
 # redis-server (integration and chaos tests start their own on free ports),
 # prometheus + promtool (the telemetry tests run their own Prometheus on a
-# free port and check every shipped Prometheus config).
+# free port and check every shipped Prometheus config). Makes the Python
+# virtualenv of the OpenAI SDK tests (scripts/py-venv.sh) and exports its
+# python as LEVEE_TEST_PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,5 +27,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+LEVEE_TEST_PYTHON="$(./scripts/py-venv.sh | tail -n 1)"
+export LEVEE_TEST_PYTHON
 
 exec cargo test --workspace --all-targets "$@"

@@ -347,7 +347,14 @@ fn build_proxy(
         for (i, d) in model.deployments.iter().enumerate() {
             // Named once per build; the names are bounded by the config.
             let name: &'static str = Box::leak(format!("llm:{}:{i}", model.name).into_boxed_str());
-            let stack = DependencyStack::new(name, policy.clone(), obs.observer(name))?;
+            // With somewhere to fall over to, a failed attempt goes to the
+            // next deployment at once rather than being retried here with
+            // backoff (the client would wait on a dead deployment).
+            let mut own = policy.clone();
+            if model.deployments.len() > 1 {
+                own.retry.enabled = false;
+            }
+            let stack = DependencyStack::new(name, own, obs.observer(name))?;
             breakers.add(&stack);
             capacity += policy.bulkhead.max_concurrent;
             let endpoint = Endpoint {
