@@ -52,6 +52,7 @@ pub mod fairness;
 pub mod health;
 pub mod http;
 pub mod identity;
+pub mod jobs;
 pub mod proxy;
 pub mod rag;
 pub mod ratelimit;

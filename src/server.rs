@@ -65,8 +65,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let health = state.health.clone();
+    let (stop_jobs, jobs_stop) = tokio::sync::watch::channel(false);
+    let workers = state
+        .jobs
+        .clone()
+        .map(|w| tokio::spawn(w.run(jobs_stop, config.server.shutdown_grace)));
     let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
     let (tx, mut rx) = tokio::sync::watch::channel(false);
+    // Streamed answers are many small writes: without TCP_NODELAY, Nagle
+    // holds each one for the client's delayed ACK (~40 ms a frame).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = rx.changed().await;
     });
@@ -78,6 +90,12 @@ pub async fn serve(
     tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining in-flight requests");
     health.set_draining();
     let _ = tx.send(true);
+    // Workers stop taking jobs and finish or release theirs within the
+    // same bound as requests.
+    let _ = stop_jobs.send(true);
+    if let Some(w) = workers {
+        let _ = tokio::time::timeout(config.server.shutdown_grace, w).await;
+    }
     match tokio::time::timeout(config.server.shutdown_grace, &mut server).await {
         Ok(res) => finished(res),
         Err(_) => {

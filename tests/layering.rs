@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["identity", "resilience", "fairness"],
     &["upstream"],
     &["health"],
-    &["rag", "proxy"],
+    &["rag", "proxy", "jobs"],
     &["ratelimit"],
     &["config"],
     &["wiring"],

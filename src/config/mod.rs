@@ -71,6 +71,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Per-tenant fair queues in front of the LLM's capacity.
     pub fairness: FairnessConfig,
+    /// `[jobs]`: durable per-tenant job queues.
+    pub jobs: crate::jobs::JobsConfig,
 }
 
 /// HTTP listener and request handling.
@@ -217,6 +219,7 @@ impl Config {
         self.identity.validate()?;
         self.ratelimit.validate(&self.identity, &self.redis.url)?;
         self.fairness.validate()?;
+        self.jobs.validate()?;
         Ok(())
     }
 

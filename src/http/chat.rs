@@ -16,6 +16,21 @@ use crate::rag::ChatRequest;
 /// Longest accepted id (`user_id`, `thread_id`, `tenant_id`).
 pub const MAX_ID_LEN: usize = 128;
 
+/// `POST /v1/chat`: answered now, or queued as a job when the client
+/// prefers `respond-async`.
+pub(super) async fn chat_or_job(
+    state: State<AppState>,
+    identity: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if super::jobs::prefers_async(&headers) {
+        let identity = identity.as_ref().map(|Extension(i)| i);
+        return super::jobs::submit_preferred(&state, identity, &headers, body).await;
+    }
+    chat(state, identity, headers, body).await
+}
+
 /// The handler.
 pub(super) async fn chat(
     State(state): State<AppState>,
@@ -62,7 +77,7 @@ async fn handle(
     state.pipeline.synthesizer().available()?;
     let reservation = match (&state.limiter, identity) {
         (Some(limiter), Some(identity)) => {
-            let estimate = estimate_tokens(&request.message, state.llm_max_tokens);
+            let estimate = crate::rag::estimate_tokens(&request.message, state.llm_max_tokens);
             match limiter.reserve_tokens(identity, estimate).await {
                 Ok(r) => r.map(|r| (limiter, r)),
                 Err(rejection) => return Err(rejection.into()),
@@ -94,15 +109,6 @@ pub(super) fn queue_tenant(identity: Option<&Identity>) -> String {
         },
         None => crate::rag::ANONYMOUS_QUEUE.to_owned(),
     }
-}
-
-/// A deliberately generous estimate: the question's words plus the
-/// retrieved context's typical size plus the whole completion allowance.
-/// Settlement refunds the difference.
-fn estimate_tokens(message: &str, max_tokens: u64) -> u64 {
-    const CONTEXT_ALLOWANCE: u64 = 600;
-    let words = message.split_whitespace().count() as u64;
-    words * 2 + CONTEXT_ALLOWANCE + max_tokens
 }
 
 pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -170,7 +176,7 @@ fn field_in(msg: &str) -> Option<String> {
     Some(msg[start..end].to_owned())
 }
 
-fn validate(req: &ChatRequest, max_message_bytes: usize) -> Result<(), ApiError> {
+pub(super) fn validate(req: &ChatRequest, max_message_bytes: usize) -> Result<(), ApiError> {
     if req.message.trim().is_empty() {
         return Err(ApiError::invalid_field(
             "message",

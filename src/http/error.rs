@@ -157,6 +157,16 @@ impl ApiError {
                 None => err,
             });
         }
+        if e.is::<crate::jobs::JobStoreError>() {
+            return Some(
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "job_store_unavailable",
+                    "the job store is unavailable; nothing was queued, try again shortly",
+                )
+                .with_retry_after(Duration::from_secs(1)),
+            );
+        }
         if let Some(missing) = e.downcast_ref::<ModelNotFound>() {
             return Some(
                 Self::new(

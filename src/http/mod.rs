@@ -16,6 +16,7 @@ use tower::ServiceBuilder;
 mod admin;
 mod chat;
 mod error;
+mod jobs;
 mod openai;
 
 pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
@@ -26,6 +27,7 @@ pub use error::{
 use crate::config::Config;
 use crate::health::{DependencyHealth, DependencyState};
 use crate::identity::{IdentityLayer, OnRefusal, Resolver};
+use crate::jobs::Workers;
 use crate::proxy::Proxy;
 use crate::rag::Pipeline;
 use crate::ratelimit::{Limiter, RateLimitLayer};
@@ -63,6 +65,10 @@ pub struct Shared {
     pub breakers: Arc<Breakers>,
     /// The admin API's bearer token (`None`: admin API off).
     pub admin_token: Option<String>,
+    /// The job queues and this replica's workers (`None`: jobs off).
+    pub jobs: Option<Arc<Workers>>,
+    /// `max_queued_jobs` per tenant, and for everyone else.
+    pub job_limits: (std::collections::HashMap<String, u64>, u64),
 }
 
 impl AppState {
@@ -81,6 +87,16 @@ impl AppState {
             metrics: gateway.metrics,
             breakers: gateway.breakers,
             admin_token,
+            jobs: gateway.jobs,
+            job_limits: (
+                config
+                    .ratelimit
+                    .tenants
+                    .iter()
+                    .filter_map(|(t, c)| Some((t.clone(), c.max_queued_jobs?)))
+                    .collect(),
+                config.jobs.max_queued_jobs,
+            ),
         }))
     }
 }
@@ -97,10 +113,12 @@ impl std::ops::Deref for AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     let app = Router::new()
-        .route("/v1/chat", post(chat::chat))
+        .route("/v1/chat", post(chat::chat_or_job))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
+        .route("/v1/jobs", post(jobs::submit))
+        .route("/v1/jobs/{id}", get(jobs::show))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -182,9 +200,14 @@ async fn ready(State(state): State<AppState>) -> Response {
             entry["breaker"] = json!(snapshot);
         }
     }
+    // The job queues say whether an accepted job survives this process.
+    let jobs = state.jobs.as_ref().map(|w| {
+        json!({ "kind": w.store().kind(), "durable": w.store().durable() })
+    });
     let body = json!({
         "status": if draining { "draining" } else { "ready" },
         "dependencies": deps,
+        "jobs": jobs,
     });
     let status = if draining {
         StatusCode::SERVICE_UNAVAILABLE

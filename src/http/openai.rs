@@ -140,7 +140,7 @@ async fn forward(
     Ok(respond(reply))
 }
 
-fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
+pub(super) fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

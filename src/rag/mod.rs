@@ -430,3 +430,12 @@ impl Pipeline {
         }
     }
 }
+
+/// A deliberately generous estimate: the question's words plus the
+/// retrieved context's typical size plus the whole completion allowance.
+/// Settlement refunds the difference.
+pub fn estimate_tokens(message: &str, max_tokens: u64) -> u64 {
+    const CONTEXT_ALLOWANCE: u64 = 600;
+    let words = message.split_whitespace().count() as u64;
+    words * 2 + CONTEXT_ALLOWANCE + max_tokens
+}

@@ -140,6 +140,9 @@ pub struct TenantConfig {
     /// within it is refused at once. Default 2 s.
     #[serde(default, with = "humantime_serde::option")]
     pub max_wait: Option<Duration>,
+    /// Jobs the tenant may have queued or running (beyond: 429
+    /// `queue_full`). Default `jobs.max_queued_jobs`.
+    pub max_queued_jobs: Option<u64>,
 }
 
 impl TenantConfig {
@@ -205,7 +208,7 @@ impl Default for RateLimitConfig {
             store: StoreKind::Auto,
             algorithm: DEFAULT_ALGORITHM,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            exempt_paths: ["/health", "/ready", "/metrics", "/admin/*"]
+            exempt_paths: ["/health", "/ready", "/metrics", "/admin/*", "/v1/jobs/*"]
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),

@@ -30,4 +30,4 @@ pub use error::{LimiterUnavailable, MissingIdentity, RateLimited};
 pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, Rejection, TokenReservation, X_DEGRADED};
 pub use metrics::{RateLimitDecision, RateLimitMetrics};
-pub use service::{RateLimit, ResponseFuture};
+pub use service::{prefers_async, RateLimit, ResponseFuture};

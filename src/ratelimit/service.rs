@@ -51,7 +51,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if self.limiter.policy().is_exempt(req.uri().path()) {
+        // An asynchronous submission is limited when its job runs, not
+        // now: a burst is queued instead of refused (`jobs`).
+        if self.limiter.policy().is_exempt(req.uri().path()) || is_async_submission(&req) {
             let fut = self.inner.call(req);
             return Box::pin(async move { fut.await.map_err(Into::into) });
         }
@@ -69,6 +71,31 @@ where
             Ok(resp)
         })
     }
+}
+
+/// Whether `req` submits a job: `POST /v1/jobs`, or `POST /v1/chat` with
+/// `Prefer: respond-async`.
+fn is_async_submission<B>(req: &Request<B>) -> bool {
+    req.method() == http::Method::POST
+        && match req.uri().path() {
+            "/v1/jobs" => true,
+            "/v1/chat" => prefers_async(req.headers()),
+            _ => false,
+        }
+}
+
+/// Whether `Prefer` (RFC 7240) asks for `respond-async`.
+pub fn prefers_async(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            p.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("respond-async"))
+        })
 }
 
 #[cfg(test)]

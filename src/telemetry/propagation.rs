@@ -113,3 +113,18 @@ pub fn current_trace_id() -> Option<String> {
     let sc = cx.span().span_context().clone();
     sc.is_valid().then(|| sc.trace_id().to_string())
 }
+
+/// Links `span` to the span a `traceparent` names (a job's processing to
+/// the request that submitted it, which ended long ago).
+pub fn add_link(span: &tracing::Span, traceparent: &str) {
+    let mut headers = http::HeaderMap::new();
+    let Ok(value) = http::HeaderValue::from_str(traceparent) else {
+        return;
+    };
+    headers.insert("traceparent", value);
+    let cx = TraceContextPropagator::new().extract(&HeaderExtractor(&headers));
+    let linked = cx.span().span_context().clone();
+    if linked.is_valid() {
+        span.add_link(linked);
+    }
+}

@@ -15,6 +15,7 @@ use crate::config::{Config, ConfigError};
 use crate::fairness::{FairQueue, FairnessFamilies, ANONYMOUS_INTERNAL, ANONYMOUS_PUBLIC};
 use crate::health::DependencyHealth;
 use crate::identity::Resolver;
+use crate::jobs::{InProcessJobStore, JobMetrics, JobStore, RedisJobStore, Workers};
 use crate::proxy::{Bounds, DrainBound, Endpoint, GenAiMetrics, Model, Proxy, PASSTHROUGH_MODEL};
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
 use crate::ratelimit::policy::Policy;
@@ -30,6 +31,7 @@ use crate::upstream::{
 mod breakers;
 mod fair;
 mod guarded;
+mod jobs;
 
 pub use crate::fairness::QueuePolicies;
 pub use breakers::Breakers;
@@ -38,6 +40,7 @@ pub use guarded::{
     CompletionCall, FallbackLlm, GuardedLimitStore, GuardedLlm, GuardedMemory, GuardedVectorStore,
     LimitCall, MemoryCall, SearchCall,
 };
+pub use jobs::{LimiterAdmission, PipelineProcessor, JOBS_PATH};
 
 /// Why the gateway could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +70,8 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// Every circuit breaker.
     pub breakers: Arc<Breakers>,
+    /// The job queues' workers (`None` with `jobs.enabled = false`).
+    pub jobs: Option<Arc<Workers>>,
 }
 
 /// Builds the gateway from configuration. `vars` reads secrets such as the
@@ -122,6 +127,7 @@ pub fn build(
     )
     .with_retrieval_fallback(config.vector_store.on_failure)
     .with_metrics(obs.upstream.clone());
+    let jobs = build_jobs(config, redis.as_ref(), &pipeline, limiter.as_ref(), &obs)?;
     Ok(Gateway {
         pipeline,
         proxy: Arc::new(proxy),
@@ -130,7 +136,42 @@ pub fn build(
         health,
         metrics: obs.metrics,
         breakers: Arc::new(breakers),
+        jobs,
     })
+}
+
+/// The job queues: on Redis Streams when Redis is configured, else in
+/// process (not durable), with this replica's workers over them.
+fn build_jobs(
+    config: &Config,
+    redis: Option<&ConnectionManager>,
+    pipeline: &Pipeline,
+    limiter: Option<&Arc<Limiter>>,
+    obs: &Instruments,
+) -> Result<Option<Arc<Workers>>, BuildError> {
+    if !config.jobs.enabled {
+        return Ok(None);
+    }
+    let store: Arc<dyn JobStore> = match redis {
+        Some(conn) => Arc::new(RedisJobStore::new(
+            conn.clone(),
+            config.resilience.redis.attempt_timeout,
+        )),
+        None => Arc::new(InProcessJobStore::new()),
+    };
+    let workers = Workers::new(
+        store,
+        Arc::new(LimiterAdmission::new(limiter.cloned())),
+        Arc::new(PipelineProcessor::new(
+            pipeline.clone(),
+            limiter.cloned(),
+            u64::from(config.llm.max_tokens),
+        )),
+        queue_policies(config)?,
+        config.jobs.clone(),
+    )
+    .with_metrics(obs.jobs.clone());
+    Ok(Some(Arc::new(workers)))
 }
 
 /// The fair queue in front of `llm.url` (`[fairness]`), when it is a
@@ -226,6 +267,7 @@ struct Instruments {
     resilience: ResilienceMetrics,
     fairness: FairnessFamilies,
     gen_ai: GenAiMetrics,
+    jobs: JobMetrics,
 }
 
 impl Instruments {
@@ -257,6 +299,7 @@ impl Instruments {
             upstream: UpstreamMetrics::register(&metrics),
             fairness: FairnessFamilies::register(&metrics),
             gen_ai: GenAiMetrics::register(&metrics),
+            jobs: JobMetrics::register(&metrics),
             resilience,
             metrics,
         }

@@ -215,6 +215,9 @@ pub async fn serve(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
+                    // Each SSE frame is a small write: without this, Nagle
+                    // holds it for the peer's delayed ACK (~40 ms).
+                    let _ = stream.set_nodelay(true);
                     connections.spawn(connection(stream, router.clone(), stop_rx.clone()));
                 }
                 Err(e) => {
