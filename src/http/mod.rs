@@ -201,9 +201,10 @@ async fn ready(State(state): State<AppState>) -> Response {
         }
     }
     // The job queues say whether an accepted job survives this process.
-    let jobs = state.jobs.as_ref().map(|w| {
-        json!({ "kind": w.store().kind(), "durable": w.store().durable() })
-    });
+    let jobs = state
+        .jobs
+        .as_ref()
+        .map(|w| json!({ "kind": w.store().kind(), "durable": w.store().durable() }));
     let body = json!({
         "status": if draining { "draining" } else { "ready" },
         "dependencies": deps,

@@ -52,6 +52,10 @@ pub struct JobsConfig {
     /// Timeout of one callback attempt. Default 5 s.
     #[serde(with = "humantime_serde")]
     pub callback_timeout: Duration,
+    /// Bound on one job-store call (a submission waits for it; with
+    /// `appendfsync always` that includes Redis's fsync). Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub store_timeout: Duration,
 }
 
 impl Default for JobsConfig {
@@ -66,6 +70,7 @@ impl Default for JobsConfig {
             poll_interval: Duration::from_millis(50),
             callback_attempts: 3,
             callback_timeout: Duration::from_secs(5),
+            store_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -94,6 +99,7 @@ impl JobsConfig {
             ("visibility_timeout", self.visibility_timeout),
             ("poll_interval", self.poll_interval),
             ("callback_timeout", self.callback_timeout),
+            ("store_timeout", self.store_timeout),
         ] {
             if value.is_zero() {
                 return bad(key, "0s".into(), "must be greater than zero");

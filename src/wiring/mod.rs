@@ -93,7 +93,7 @@ pub fn build(
     let retriever = build_retriever(config, vars, &obs, &mut breakers)?;
     let retriever = fair_retriever(config, retriever, &obs)?;
 
-    let redis = redis_connection(config)?;
+    let redis = redis_connection(config, res.redis.attempt_timeout)?;
     // One stack for Redis, shared by the limiter store and memory: when its
     // breaker opens, both skip Redis at once.
     let redis_stack = match &redis {
@@ -127,7 +127,20 @@ pub fn build(
     )
     .with_retrieval_fallback(config.vector_store.on_failure)
     .with_metrics(obs.upstream.clone());
-    let jobs = build_jobs(config, redis.as_ref(), &pipeline, limiter.as_ref(), &obs)?;
+    // The job store has a connection of its own: a submission waits for
+    // Redis to have written the job (an fsync with `appendfsync always`),
+    // longer than a limit check may.
+    let jobs_redis = match config.jobs.enabled {
+        true => redis_connection(config, config.jobs.store_timeout)?,
+        false => None,
+    };
+    let jobs = build_jobs(
+        config,
+        jobs_redis.as_ref(),
+        &pipeline,
+        limiter.as_ref(),
+        &obs,
+    )?;
     Ok(Gateway {
         pipeline,
         proxy: Arc::new(proxy),
@@ -153,10 +166,7 @@ fn build_jobs(
         return Ok(None);
     }
     let store: Arc<dyn JobStore> = match redis {
-        Some(conn) => Arc::new(RedisJobStore::new(
-            conn.clone(),
-            config.resilience.redis.attempt_timeout,
-        )),
+        Some(conn) => Arc::new(RedisJobStore::new(conn.clone(), config.jobs.store_timeout)),
         None => Arc::new(InProcessJobStore::new()),
     };
     let workers = Workers::new(
@@ -474,7 +484,10 @@ fn build_retriever(
 
 /// One lazily connected Redis connection shared by memory and the limiter,
 /// or `None` when no Redis is configured.
-fn redis_connection(config: &Config) -> Result<Option<ConnectionManager>, BuildError> {
+fn redis_connection(
+    config: &Config,
+    timeout: Duration,
+) -> Result<Option<ConnectionManager>, BuildError> {
     if config.redis.url.is_empty() {
         return Ok(None);
     }
@@ -486,7 +499,6 @@ fn redis_connection(config: &Config) -> Result<Option<ConnectionManager>, BuildE
         )
     };
     let client = redis::Client::open(config.redis.url.as_str()).map_err(invalid)?;
-    let timeout = config.resilience.redis.attempt_timeout;
     // The manager connects lazily and reconnects by itself, so a Redis that
     // is down at start does not stop the gateway from serving.
     // Reconnect attempts are capped at 250 ms apart (the library's default

@@ -12,6 +12,8 @@ pub struct RedisServer {
     child: Child,
     /// Its port.
     pub port: u16,
+    /// With `appendonly yes` / `appendfsync always`: its data directory.
+    durable: Option<std::path::PathBuf>,
 }
 
 /// A free loopback port (bind to 0, read, release).
@@ -31,24 +33,48 @@ impl RedisServer {
 
     /// Starts redis-server on `port` (used to restart on the same port).
     pub async fn start_on(port: u16) -> Self {
+        Self::spawn(port, None).await
+    }
+
+    /// Starts redis-server with `appendonly yes` and `appendfsync always`
+    /// in `dir`: every acknowledged write is on disk, and a restart on the
+    /// same port (after `kill`) reads it back.
+    #[allow(dead_code)]
+    pub async fn start_durable(dir: std::path::PathBuf) -> Self {
+        Self::spawn(free_port(), Some(dir)).await
+    }
+
+    async fn spawn(port: u16, durable: Option<std::path::PathBuf>) -> Self {
+        let port_s = port.to_string();
+        let mut args = vec!["--port", &port_s, "--bind", "127.0.0.1", "--save", ""];
+        let dir_s;
+        match &durable {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).expect("redis data dir");
+                dir_s = dir.to_string_lossy().into_owned();
+                args.extend([
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    "--dir",
+                    &dir_s,
+                ]);
+            }
+            None => args.extend(["--appendonly", "no"]),
+        }
+        args.extend(["--protected-mode", "no"]);
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (the README's test command installs it)");
-        let server = Self { child, port };
+        let server = Self {
+            child,
+            port,
+            durable,
+        };
         server.wait_ready().await;
         server
     }
@@ -91,7 +117,7 @@ impl RedisServer {
 
     /// Starts a fresh server on the same port (after `kill`).
     pub async fn restart(&mut self) {
-        let fresh = Self::start_on(self.port).await;
+        let fresh = Self::spawn(self.port, self.durable.clone()).await;
         // The old child is already reaped; dropping it is a no-op kill.
         let old = std::mem::replace(self, fresh);
         drop(old);
