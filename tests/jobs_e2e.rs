@@ -512,3 +512,55 @@ async fn a_killed_replicas_jobs_complete_on_the_others_with_one_result_each() {
     );
     drop(killed);
 }
+
+#[tokio::test]
+async fn with_redis_down_a_fail_open_tier_is_answered_now_and_jobs_are_never_accepted() {
+    let mut redis = RedisServer::start().await;
+    let extra = "[ratelimit.tiers.CLOSED]\nlimits = [{ limit = 100, window = \"1s\" }]\non_store_failure = \"fail_closed\"\n[[identity.api_keys]]\nid = \"c\"\nsha256 = \"".to_owned()
+        + &hash_key("jobs_key_closed")
+        + "\"\ntenant = \"initech\"\ntier = \"CLOSED\"\n";
+    let levee = Levee::builder()
+        .config_text(&(config(100, 100, "") + &extra))
+        .env("LEVEE_REDIS_URL", redis.url())
+        .start()
+        .await;
+    let url = levee.url();
+    let c = reqwest::Client::new();
+    redis.kill();
+    let prefer = [("prefer", "respond-async")];
+    // The job API itself never accepts what it cannot write.
+    let (status, body, _) = submit(&c, &url, KEY_A, &chat(1), &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "job_store_unavailable");
+    // A respond-async chat of a fail-open tier is answered synchronously
+    // (RFC 7240: the preference is not applied), under the limiter's
+    // local safety limit.
+    let resp = c
+        .post(format!("{url}/v1/chat"))
+        .header("x-api-key", KEY_A)
+        .header(prefer[0].0, prefer[0].1)
+        .json(&chat(2))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("preference-applied").is_none());
+    assert_eq!(resp.headers()["x-ratelimit-degraded"], "true");
+    let answer: Value = resp.json().await.expect("json");
+    assert!(
+        answer["response"]
+            .as_str()
+            .is_some_and(|r| r.contains("PTO")),
+        "{answer}"
+    );
+    // A fail-closed tier is refused.
+    let resp = c
+        .post(format!("{url}/v1/chat"))
+        .header("x-api-key", "jobs_key_closed")
+        .header(prefer[0].0, prefer[0].1)
+        .json(&chat(3))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 503);
+}

@@ -421,3 +421,116 @@ async fn client_traceparent_reaches_the_upstreams_without_an_exporter() {
     assert_ne!(trace, TRACE_ID);
     assert_ne!(trace, "0".repeat(32));
 }
+
+#[tokio::test]
+async fn an_openai_stream_is_a_gen_ai_client_span_open_to_its_end_with_its_usage() {
+    let receiver = OtlpReceiver::start().await;
+    let sim = sim::spawn(SimConfig::default()).await.expect("spawn sim");
+    let levee = start(&receiver.grpc_endpoint(), "grpc", &sim, 100).await;
+    let body = json!({
+        "model": "gpt-4o-mini",
+        "stream": true,
+        "messages": [
+            {"role": "system", "content": "Employees get 25 days of paid time off."},
+            {"role": "user", "content": "How many days of paid time off?"}
+        ]
+    });
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", levee.url()))
+        .header("traceparent", traceparent())
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.expect("stream");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let spans = receiver
+        .wait_for(Duration::from_secs(10), |spans| {
+            spans.iter().any(|s| {
+                s.trace_id() == TRACE_ID && s.attr("levee.deployment").as_deref() == Some("llm")
+            })
+        })
+        .await;
+    let trace: Vec<Received> = spans
+        .iter()
+        .filter(|s| s.trace_id() == TRACE_ID)
+        .cloned()
+        .collect();
+    let server = named(&trace, "POST /v1/chat/completions");
+    let llm = named(&trace, "chat gpt-4o-mini");
+    assert_eq!(llm.span.kind, KIND_CLIENT);
+    assert!(descends_from(&trace, llm, server));
+    assert_eq!(llm.attr("gen_ai.operation.name").as_deref(), Some("chat"));
+    assert_eq!(llm.attr("gen_ai.system").as_deref(), Some("openai"));
+    assert_eq!(llm.attr("levee.model").as_deref(), Some("passthrough"));
+    assert_eq!(llm.attr("levee.stream").as_deref(), Some("true"));
+    // Usage is recorded when the stream ends, from its usage chunk (which
+    // the client, who did not ask for it, never saw).
+    assert!(!text.contains("\"usage\""), "{text}");
+    let stats = stats(&sim).await;
+    assert_eq!(
+        llm.attr_i64("gen_ai.usage.input_tokens"),
+        stats["llm"]["prompt_tokens"].as_i64()
+    );
+    assert_eq!(
+        llm.attr_i64("gen_ai.usage.output_tokens"),
+        stats["llm"]["completion_tokens"].as_i64()
+    );
+    // The span stays open for the stream: it ends after the server span
+    // sent the response head.
+    assert!(llm.span.end_time_unix_nano >= llm.span.start_time_unix_nano);
+    // The upstream joined the client's trace.
+    let last = stats["last_traceparent"].as_str().unwrap_or_default();
+    assert!(last.contains(TRACE_ID), "{last}");
+}
+
+#[tokio::test]
+async fn a_job_is_processed_in_a_span_linked_to_the_request_that_submitted_it() {
+    let receiver = OtlpReceiver::start().await;
+    let sim = sim::spawn(SimConfig::default()).await.expect("spawn sim");
+    let key = "trace_jobs_key";
+    let config = format!(
+        "[[identity.api_keys]]\nid = \"t\"\nsha256 = \"{}\"\ntenant = \"acme\"\ntier = \"API_KEY\"\n",
+        levee::identity::hash_key(key)
+    );
+    let levee = Levee::builder()
+        .config_text(&config)
+        .env("LEVEE_LLM_URL", format!("{}/v1", sim.base_url()))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.grpc_endpoint())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .start()
+        .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", levee.url()))
+        .header("traceparent", traceparent())
+        .header("x-api-key", key)
+        .json(&json!({"message": "What is the PTO policy?", "user_id": "u1", "thread_id": "t1"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 202);
+    let spans = receiver
+        .wait_for(Duration::from_secs(10), |spans| {
+            spans.iter().any(|s| s.span.name == "job.process")
+        })
+        .await;
+    let submit = spans
+        .iter()
+        .find(|s| s.trace_id() == TRACE_ID && s.span.name == "POST /v1/jobs")
+        .expect("the submitting request's span");
+    let job = spans
+        .iter()
+        .find(|s| s.span.name == "job.process")
+        .expect("a job.process span");
+    assert_ne!(job.trace_id(), TRACE_ID, "a job is its own trace");
+    let linked = job.span.links.iter().any(|l| {
+        hex::encode(&l.trace_id) == TRACE_ID && hex::encode(&l.span_id) == submit.span_id()
+    });
+    assert!(
+        linked,
+        "job.process links to the submitting span: {:?}",
+        job.span.links
+    );
+}

@@ -45,7 +45,7 @@ pub(super) async fn chat(
     }
 }
 
-async fn handle(
+pub(super) async fn handle(
     state: &AppState,
     identity: Option<&Identity>,
     headers: &HeaderMap,

@@ -141,7 +141,19 @@ async fn enqueue(
         .get(tenant)
         .copied()
         .unwrap_or(state.job_limits.1);
-    let id = match workers.store().submit(job, max).await? {
+    let submitted = match workers.store().submit(job, max).await {
+        Ok(s) => s,
+        // RFC 7240 lets a server ignore a preference: under a fail-open
+        // tier, a `Prefer: respond-async` chat is answered now, as if no
+        // preference had been given, rather than refused. Nothing was
+        // accepted, so nothing can be lost. Otherwise: 503, fast.
+        Err(e) if preferred && fails_open(state, &key.tier) => {
+            tracing::warn!(error = %e, "job store down: answering a respond-async chat now");
+            return answer_now(state, identity, headers, body).await;
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let id = match submitted {
         Submitted::Queued(id) | Submitted::Existing(id) => id,
         Submitted::Full => {
             return Err(ApiError::new(
@@ -172,6 +184,30 @@ async fn enqueue(
             HeaderValue::from_static("respond-async"),
         );
     }
+    Ok(resp)
+}
+
+fn fails_open(state: &AppState, tier: &str) -> bool {
+    state
+        .limiter
+        .as_ref()
+        .is_some_and(|l| l.policy().failure_mode(tier) == crate::ratelimit::FailureMode::FailOpen)
+}
+
+/// The chat answered synchronously, with the limits the rate-limit layer
+/// left to the job (it skips asynchronous submissions).
+async fn answer_now(
+    state: &AppState,
+    identity: &Identity,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let limits = match &state.limiter {
+        Some(limiter) => limiter.admit(identity, "/v1/chat").await?,
+        None => HeaderMap::new(),
+    };
+    let mut resp = super::chat::handle(state, Some(identity), headers, Ok(body)).await?;
+    resp.headers_mut().extend(limits);
     Ok(resp)
 }
 

@@ -104,7 +104,8 @@ impl Policy {
         &self.config
     }
 
-    fn failure_mode(&self, tier: &str) -> FailureMode {
+    /// What a tier does while the store is down.
+    pub fn failure_mode(&self, tier: &str) -> FailureMode {
         self.config
             .tiers
             .get(tier)
