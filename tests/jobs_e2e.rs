@@ -564,3 +564,101 @@ async fn with_redis_down_a_fail_open_tier_is_answered_now_and_jobs_are_never_acc
         .expect("send");
     assert_eq!(resp.status(), 503);
 }
+
+#[tokio::test]
+async fn a_callback_is_retried_until_delivered_and_a_dead_one_leaves_the_result_fetchable() {
+    use std::sync::{Arc, Mutex};
+    // A receiver that refuses the first delivery and keeps what it gets.
+    let got: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let app = {
+        let (got, calls) = (got.clone(), calls.clone());
+        axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |axum::Json(v): axum::Json<Value>| {
+                let (got, calls) = (got.clone(), calls.clone());
+                async move {
+                    if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        return axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+                    }
+                    got.lock().expect("lock").push(v);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    // In process this time: the same semantics without Redis.
+    let levee = Levee::builder()
+        .config_text(&config(100, 100, "callback_attempts = 3\n"))
+        .start()
+        .await;
+    let url = levee.url();
+    let c = reqwest::Client::new();
+    let ready: Value = c
+        .get(format!("{url}/ready"))
+        .send()
+        .await
+        .expect("ready")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ready["jobs"], json!({"kind": "memory", "durable": false}));
+    let (status, body, _) = submit(
+        &c,
+        &url,
+        KEY_A,
+        &chat(1),
+        &[("callback-url", hook.as_str())],
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["job_id"].as_str().expect("id").to_owned();
+    let delivered = async {
+        for _ in 0..100 {
+            if !got.lock().expect("lock").is_empty() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+    .await;
+    assert!(delivered, "callback never delivered");
+    let view = got.lock().expect("lock")[0].clone();
+    assert_eq!(view["job_id"], id.as_str());
+    assert_eq!(view["status"], "succeeded");
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one refused, one delivered"
+    );
+    server.abort();
+
+    // A callback nobody answers: the result is still there.
+    let dead = format!("http://127.0.0.1:{}/hook", support::redis::free_port());
+    let (_, body, _) = submit(
+        &c,
+        &url,
+        KEY_A,
+        &chat(2),
+        &[("callback-url", dead.as_str())],
+    )
+    .await;
+    let id = body["job_id"].as_str().expect("id").to_owned();
+    let views = wait_all(
+        &c,
+        &[url.clone()],
+        KEY_A,
+        &[id.clone()],
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(views[&id]["status"], "succeeded");
+    let (status, body, _) = submit(&c, &url, KEY_A, &chat(3), &[("callback-url", "ftp://x")]).await;
+    assert_eq!(status, 422, "{body}");
+}
