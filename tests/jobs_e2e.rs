@@ -177,7 +177,7 @@ async fn a_burst_at_40x_the_rate_is_absorbed_and_drains_at_the_tenants_rate() {
     let bound = Duration::from_secs(MAX_QUEUED / RATE) + Duration::from_secs(2);
     let views = wait_all(
         &c,
-        &[url.clone()],
+        std::slice::from_ref(&url),
         KEY_A,
         &accepted,
         bound + Duration::from_secs(10),
@@ -259,9 +259,9 @@ async fn a_poison_job_ends_dead_after_max_deliveries_with_its_last_error() {
     let id = body["job_id"].as_str().expect("id").to_owned();
     let views = wait_all(
         &c,
-        &[url.clone()],
+        std::slice::from_ref(&url),
         KEY_A,
-        &[id.clone()],
+        std::slice::from_ref(&id),
         Duration::from_secs(20),
     )
     .await;
@@ -319,9 +319,9 @@ async fn jobs_are_private_to_their_tenant_idempotent_and_bad_bodies_are_never_qu
 
     let views = wait_all(
         &c,
-        &[url.clone()],
+        std::slice::from_ref(&url),
         KEY_A,
-        &[id.clone()],
+        std::slice::from_ref(&id),
         Duration::from_secs(10),
     )
     .await;
@@ -417,7 +417,7 @@ async fn a_202_survives_redis_being_killed_and_nothing_is_accepted_while_it_is_d
         .expect("clear");
     let views = wait_all(
         &c,
-        &[url.clone()],
+        std::slice::from_ref(&url),
         KEY_A,
         &accepted,
         Duration::from_secs(30),
@@ -652,9 +652,9 @@ async fn a_callback_is_retried_until_delivered_and_a_dead_one_leaves_the_result_
     let id = body["job_id"].as_str().expect("id").to_owned();
     let views = wait_all(
         &c,
-        &[url.clone()],
+        std::slice::from_ref(&url),
         KEY_A,
-        &[id.clone()],
+        std::slice::from_ref(&id),
         Duration::from_secs(10),
     )
     .await;

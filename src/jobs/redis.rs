@@ -102,6 +102,10 @@ return 0
 #[derive(Clone)]
 pub struct RedisJobStore {
     conn: ConnectionManager,
+    /// Redis's breaker (shared with the limiter and memory): while it is
+    /// open a submission is refused at once instead of waiting out the
+    /// store timeout.
+    breaker: Option<crate::resilience::Breaker>,
     timeout: Duration,
     submit: Script,
     start: Script,
@@ -162,12 +166,20 @@ impl RedisJobStore {
     pub fn new(conn: ConnectionManager, timeout: Duration) -> Self {
         Self {
             conn,
+            breaker: None,
             timeout,
             submit: Script::new(SUBMIT),
             start: Script::new(START),
             finish: Script::new(FINISH),
             requeue: Script::new(REQUEUE),
         }
+    }
+
+    /// Fails submissions fast while Redis's `breaker` is open.
+    #[must_use]
+    pub fn with_breaker(mut self, breaker: Option<crate::resilience::Breaker>) -> Self {
+        self.breaker = breaker;
+        self
     }
 
     async fn bounded<T>(
@@ -227,6 +239,14 @@ impl JobStore for RedisJobStore {
     }
 
     async fn submit(&self, job: NewJob, max_queued: u64) -> Result<Submitted, JobStoreError> {
+        use crate::resilience::BreakerState;
+        if let Some(b) = &self.breaker {
+            if matches!(b.state(), BreakerState::Open { .. } | BreakerState::ForcedOpen) {
+                return Err(JobStoreError {
+                    reason: "redis is down (its circuit breaker is open)".into(),
+                });
+            }
+        }
         let tenant = &job.submitter.tenant;
         let mut conn = self.conn.clone();
         let submitter = serde_json::to_string(&job.submitter).map_err(|e| JobStoreError {

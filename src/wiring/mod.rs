@@ -134,9 +134,10 @@ pub fn build(
         true => redis_connection(config, config.jobs.store_timeout)?,
         false => None,
     };
+    let redis_breaker = redis_stack.as_ref().and_then(|s| s.breaker().cloned());
     let jobs = build_jobs(
         config,
-        jobs_redis.as_ref(),
+        jobs_redis.as_ref().map(|c| (c, redis_breaker)),
         &pipeline,
         limiter.as_ref(),
         &obs,
@@ -157,7 +158,7 @@ pub fn build(
 /// process (not durable), with this replica's workers over them.
 fn build_jobs(
     config: &Config,
-    redis: Option<&ConnectionManager>,
+    redis: Option<(&ConnectionManager, Option<crate::resilience::Breaker>)>,
     pipeline: &Pipeline,
     limiter: Option<&Arc<Limiter>>,
     obs: &Instruments,
@@ -166,7 +167,9 @@ fn build_jobs(
         return Ok(None);
     }
     let store: Arc<dyn JobStore> = match redis {
-        Some(conn) => Arc::new(RedisJobStore::new(conn.clone(), config.jobs.store_timeout)),
+        Some((conn, breaker)) => Arc::new(
+            RedisJobStore::new(conn.clone(), config.jobs.store_timeout).with_breaker(breaker),
+        ),
         None => Arc::new(InProcessJobStore::new()),
     };
     let workers = Workers::new(
