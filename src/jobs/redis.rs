@@ -241,7 +241,10 @@ impl JobStore for RedisJobStore {
     async fn submit(&self, job: NewJob, max_queued: u64) -> Result<Submitted, JobStoreError> {
         use crate::resilience::BreakerState;
         if let Some(b) = &self.breaker {
-            if matches!(b.state(), BreakerState::Open { .. } | BreakerState::ForcedOpen) {
+            if matches!(
+                b.state(),
+                BreakerState::Open { .. } | BreakerState::ForcedOpen
+            ) {
                 return Err(JobStoreError {
                     reason: "redis is down (its circuit breaker is open)".into(),
                 });
