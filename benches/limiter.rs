@@ -192,7 +192,10 @@ async fn main() {
         .query_async(&mut conn)
         .await
         .expect("SCRIPT LOAD");
-    let store: Arc<dyn LimitStore> = Arc::new(RedisStore::new(conn, Duration::from_secs(1)));
+    let store: Arc<dyn LimitStore> = Arc::new(RedisStore::new(
+        levee::upstream::redis_conn::RedisConn::Single(conn),
+        Duration::from_secs(1),
+    ));
     let memory: Arc<dyn LimitStore> = Arc::new(MemoryStore::new());
 
     let cases: Vec<(&str, Vec<LimitSpec>)> = vec![

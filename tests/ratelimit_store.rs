@@ -58,7 +58,10 @@ async fn store(server: &RedisServer, timeout: Duration) -> RedisStore {
     let conn = ConnectionManager::new(client)
         .await
         .expect("connect to test redis");
-    RedisStore::new(conn, timeout)
+    RedisStore::new(
+        levee::upstream::redis_conn::RedisConn::Single(conn),
+        timeout,
+    )
 }
 
 fn query<T: redis::FromRedisValue>(server: &RedisServer, cmd: &str, args: &[&str]) -> T {
@@ -486,7 +489,10 @@ async fn an_unreachable_redis_gives_store_unavailable_within_the_timeout() {
     let config = ConnectionManagerConfig::new().set_number_of_retries(1);
     let conn = ConnectionManager::new_lazy_with_config(client, config).expect("lazy manager");
     let timeout = Duration::from_millis(300);
-    let redis = RedisStore::new(conn, timeout);
+    let redis = RedisStore::new(
+        levee::upstream::redis_conn::RedisConn::Single(conn),
+        timeout,
+    );
     let limit = spec(
         "levee:test:unreachable",
         Algorithm::Gcra,

@@ -13,6 +13,7 @@ pub const OVERRIDES: &[(&str, &str)] = &[
     ("LEVEE_VECTOR_STORE_COLLECTION", "vector_store.collection"),
     ("LEVEE_EMBEDDINGS_URL", "vector_store.embeddings_url"),
     ("LEVEE_REDIS_URL", "redis.url"),
+    ("LEVEE_REDIS_CLUSTER_NODES", "redis.cluster_nodes"),
     ("LEVEE_MAX_BODY_BYTES", "server.max_body_bytes"),
 ];
 
@@ -32,6 +33,15 @@ pub fn apply_env(
             "vector_store.collection" => config.vector_store.collection = value,
             "vector_store.embeddings_url" => config.vector_store.embeddings_url = value,
             "redis.url" => config.redis.url = value,
+            "redis.cluster_nodes" => {
+                config.redis.cluster_nodes = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                config.redis.mode = super::RedisMode::Cluster;
+            }
             "server.max_body_bytes" => {
                 config.server.max_body_bytes = value.parse().map_err(|_| {
                     ConfigError::invalid(*var, format!("{value:?}"), "not a whole number of bytes")

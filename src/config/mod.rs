@@ -120,6 +120,34 @@ pub struct RedisConfig {
     /// process. Override with `LEVEE_REDIS_URL`. (The bound on one command,
     /// the breaker and the rest are under `[resilience.redis]`.)
     pub url: String,
+    /// `standalone` (the default: `url`) or `cluster` (`cluster_nodes`).
+    pub mode: RedisMode,
+    /// Seed nodes of a Redis Cluster, e.g. `["redis://127.0.0.1:7000"]`;
+    /// the client discovers the rest. Override with
+    /// `LEVEE_REDIS_CLUSTER_NODES=redis://…,redis://…` (which also selects
+    /// `mode = "cluster"`).
+    pub cluster_nodes: Vec<String>,
+}
+
+/// How Redis is deployed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisMode {
+    /// One server (`redis.url`).
+    #[default]
+    Standalone,
+    /// A Redis Cluster (`redis.cluster_nodes`).
+    Cluster,
+}
+
+impl RedisConfig {
+    /// Whether any Redis is configured.
+    pub fn is_configured(&self) -> bool {
+        match self.mode {
+            RedisMode::Standalone => !self.url.is_empty(),
+            RedisMode::Cluster => !self.cluster_nodes.is_empty(),
+        }
+    }
 }
 
 /// The admin API (`/admin/breakers`).
@@ -217,7 +245,8 @@ impl Config {
             .validate("resilience.vector_store")?;
         self.resilience.redis.validate("resilience.redis")?;
         self.identity.validate()?;
-        self.ratelimit.validate(&self.identity, &self.redis.url)?;
+        self.ratelimit
+            .validate(&self.identity, self.redis.is_configured())?;
         self.fairness.validate()?;
         self.jobs.validate()?;
         Ok(())
@@ -449,14 +478,48 @@ impl RouterConfig {
 }
 
 impl RedisConfig {
-    /// Checks `redis.url`, when set, is one the Redis client accepts.
+    /// Checks `redis.url`, when set, is one the Redis client accepts, and
+    /// that cluster mode has seed nodes (and no `url` to be confused with).
     fn validate(&self) -> Result<(), ConfigError> {
         if !self.url.is_empty() {
             redis::Client::open(self.url.as_str()).map_err(|e| {
                 ConfigError::invalid("redis.url", redact_url(&self.url), e.to_string())
             })?;
         }
-        Ok(())
+        match self.mode {
+            RedisMode::Standalone if !self.cluster_nodes.is_empty() => Err(ConfigError::invalid(
+                "redis.cluster_nodes",
+                format!("{} nodes", self.cluster_nodes.len()),
+                "seed nodes need redis.mode = \"cluster\"",
+            )),
+            RedisMode::Standalone => Ok(()),
+            RedisMode::Cluster => {
+                if self.cluster_nodes.is_empty() {
+                    return Err(ConfigError::invalid(
+                        "redis.cluster_nodes",
+                        "[]",
+                        "cluster mode needs at least one seed node",
+                    ));
+                }
+                if !self.url.is_empty() {
+                    return Err(ConfigError::invalid(
+                        "redis.url",
+                        redact_url(&self.url),
+                        "cluster mode reads redis.cluster_nodes; leave redis.url empty",
+                    ));
+                }
+                for (i, node) in self.cluster_nodes.iter().enumerate() {
+                    redis::Client::open(node.as_str()).map_err(|e| {
+                        ConfigError::invalid(
+                            format!("redis.cluster_nodes[{i}]"),
+                            redact_url(node),
+                            e.to_string(),
+                        )
+                    })?;
+                }
+                Ok(())
+            }
+        }
     }
 }
 

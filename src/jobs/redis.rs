@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use ::redis::aio::ConnectionManager;
+use crate::upstream::redis_conn::RedisConn;
 use ::redis::{RedisError, Script, Value};
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
@@ -101,7 +101,7 @@ return 0
 /// Jobs in Redis.
 #[derive(Clone)]
 pub struct RedisJobStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     /// Redis's breaker (shared with the limiter and memory): while it is
     /// open a submission is refused at once instead of waiting out the
     /// store timeout.
@@ -163,7 +163,7 @@ fn int(v: &Value) -> Option<i64> {
 
 impl RedisJobStore {
     /// A store on `conn`, each call bounded by `timeout`.
-    pub fn new(conn: ConnectionManager, timeout: Duration) -> Self {
+    pub fn new(conn: RedisConn, timeout: Duration) -> Self {
         Self {
             conn,
             breaker: None,

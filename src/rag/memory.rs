@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::upstream::redis_conn::RedisConn;
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -126,7 +126,7 @@ impl ConversationStore for InProcessMemory {
 /// Redis memory: one list per thread, `levee:mem:{digest}`, with a TTL.
 #[derive(Clone)]
 pub struct RedisMemory {
-    conn: ConnectionManager,
+    conn: RedisConn,
     caps: MemoryConfig,
     timeout: Duration,
     metrics: Option<UpstreamMetrics>,
@@ -140,7 +140,7 @@ impl std::fmt::Debug for RedisMemory {
 
 impl RedisMemory {
     /// Memory on an existing connection; every command is bounded by `timeout`.
-    pub fn new(conn: ConnectionManager, caps: MemoryConfig, timeout: Duration) -> Self {
+    pub fn new(conn: RedisConn, caps: MemoryConfig, timeout: Duration) -> Self {
         Self {
             conn,
             caps,
@@ -157,7 +157,9 @@ impl RedisMemory {
     }
 
     fn redis_key(key: &ThreadKey) -> String {
-        format!("levee:mem:{}", key.digest())
+        // One key per thread, hash-tagged so a cluster spreads threads
+        // over slots while each call stays in one.
+        format!("levee:mem:{{{}}}", key.digest())
     }
 
     /// One command (`operation` names it on the CLIENT span), timed.

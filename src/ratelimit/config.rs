@@ -268,8 +268,8 @@ impl RateLimitConfig {
     }
 
     /// Checks that every named tier exists and every limit is sane.
-    pub fn validate(&self, identity: &IdentityConfig, redis_url: &str) -> Result<(), ConfigError> {
-        if self.store == StoreKind::Redis && redis_url.is_empty() {
+    pub fn validate(&self, identity: &IdentityConfig, has_redis: bool) -> Result<(), ConfigError> {
+        if self.store == StoreKind::Redis && !has_redis {
             return Err(ConfigError::invalid(
                 "ratelimit.store",
                 "\"redis\"",

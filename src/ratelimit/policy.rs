@@ -126,9 +126,10 @@ impl Policy {
         LimitSpec {
             // Window and limit are both in the key: two limits on one
             // subject (say 100/min enforced and 2/min shadow) never share
-            // counters.
+            // counters. `{scope:subject}` is the key's hash tag: on a
+            // cluster, every limit of one subject lives in one slot.
             key: format!(
-                "{}:{}:{scope}:{subject}:{}:{}{}",
+                "{}:{}:{{{scope}:{subject}}}:{}:{}{}",
                 self.config.key_prefix,
                 algo_code(algorithm),
                 window_label(l.window),
@@ -382,7 +383,7 @@ mod tests {
         assert_eq!(scopes, vec!["key", "tenant", "user"]);
         // Key names carry ids and hashes, never raw user ids.
         assert!(applied.iter().all(|a| !a.spec.key.contains("alice")));
-        assert!(applied[0].spec.key.contains(":key:k1:"));
+        assert!(applied[0].spec.key.contains(":{key:k1}:"));
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod local;
 mod metrics;
 mod openai;
 mod qdrant;
+pub mod redis_conn;
 pub mod trace;
 
 pub use error::{UpstreamError, UpstreamErrorKind};

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::upstream::redis_conn::{LazyCluster, RedisConn};
 
 use crate::config::{Config, ConfigError};
 use crate::fairness::{FairQueue, FairnessFamilies, ANONYMOUS_INTERNAL, ANONYMOUS_PUBLIC};
@@ -158,7 +158,7 @@ pub fn build(
 /// process (not durable), with this replica's workers over them.
 fn build_jobs(
     config: &Config,
-    redis: Option<(&ConnectionManager, Option<crate::resilience::Breaker>)>,
+    redis: Option<(&RedisConn, Option<crate::resilience::Breaker>)>,
     pipeline: &Pipeline,
     limiter: Option<&Arc<Limiter>>,
     obs: &Instruments,
@@ -485,14 +485,21 @@ fn build_retriever(
     Ok(Arc::new(GuardedVectorStore::new(Arc::new(client), &stack)))
 }
 
-/// One lazily connected Redis connection shared by memory and the limiter,
-/// or `None` when no Redis is configured.
-fn redis_connection(
-    config: &Config,
-    timeout: Duration,
-) -> Result<Option<ConnectionManager>, BuildError> {
-    if config.redis.url.is_empty() {
+/// One lazily connected Redis connection (a server, or a cluster) shared
+/// by memory and the limiter, or `None` when no Redis is configured.
+fn redis_connection(config: &Config, timeout: Duration) -> Result<Option<RedisConn>, BuildError> {
+    if !config.redis.is_configured() {
         return Ok(None);
+    }
+    if config.redis.mode == crate::config::RedisMode::Cluster {
+        let cluster = LazyCluster::new(&config.redis.cluster_nodes, timeout).map_err(|e| {
+            ConfigError::invalid(
+                "redis.cluster_nodes",
+                format!("{} nodes", config.redis.cluster_nodes.len()),
+                e.to_string(),
+            )
+        })?;
+        return Ok(Some(RedisConn::Cluster(cluster)));
     }
     let invalid = |e: redis::RedisError| {
         ConfigError::invalid(
@@ -512,13 +519,14 @@ fn redis_connection(
         .set_response_timeout(Some(timeout))
         .set_min_delay(Duration::from_millis(25))
         .set_max_delay(Duration::from_millis(250));
-    let conn = ConnectionManager::new_lazy_with_config(client, manager_config).map_err(invalid)?;
-    Ok(Some(conn))
+    let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, manager_config)
+        .map_err(invalid)?;
+    Ok(Some(RedisConn::Single(conn)))
 }
 
 fn build_limiter(
     config: &Config,
-    redis: Option<&ConnectionManager>,
+    redis: Option<&RedisConn>,
     redis_stack: Option<&DependencyStack>,
     metrics: &Metrics,
 ) -> Option<Arc<Limiter>> {

@@ -3,7 +3,9 @@
 -- exactly; see the `store` module docs for the semantics.
 --
 -- KEYS[i]  = the key of limit i (one key per limit: Redis Cluster friendly).
--- ARGV[1]  = mode: "check" or "adjust".
+-- ARGV[1]  = mode: "check", "adjust" or "release" (undo a check that
+--            admitted, given the same prefix and limits: the cross-slot
+--            case on a cluster, where another slot refused).
 -- ARGV[2]  = member prefix (unique per call): sliding-log members are
 --            "<prefix>:<j>" for j in 0..units-1.
 -- ARGV[3]  = now in µs; "0" (production) reads Redis TIME. Tests pass a
@@ -202,6 +204,21 @@ local function refund(key, p, s, units)
     s.cur = math.max(0, s.cur - units)
     write_window(key, p, s)
   end
+end
+
+if mode == 'release' then
+  for i = 1, #KEYS do
+    local p = params(i)
+    if p.algo == 1 then
+      -- Exactly this call's members.
+      local members = {}
+      for j = 0, p.cost - 1 do members[#members + 1] = prefix .. ':' .. int(j) end
+      redis.call('ZREM', KEYS[i], unpack(members))
+    else
+      refund(KEYS[i], p, load(KEYS[i], p), p.cost)
+    end
+  end
+  return { 1 }
 end
 
 if mode == 'adjust' then

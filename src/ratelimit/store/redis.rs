@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ::redis::aio::ConnectionManager;
+use crate::upstream::redis_conn::RedisConn;
 use ::redis::{RedisError, Script};
 use async_trait::async_trait;
 
@@ -27,7 +27,7 @@ const FIELDS_PER_LIMIT: usize = 5;
 /// The Redis [`LimitStore`], exact across replicas.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     timeout: Duration,
     script: Script,
     /// Random per store, so member names stay unique even if a caller
@@ -47,7 +47,7 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// A store over `conn`; each call fails with [`StoreUnavailable`] after
     /// `timeout`.
-    pub fn new(conn: ConnectionManager, timeout: Duration) -> Self {
+    pub fn new(conn: RedisConn, timeout: Duration) -> Self {
         Self {
             conn,
             timeout,
@@ -92,18 +92,91 @@ impl RedisStore {
                 states: Vec::new(),
             });
         }
+        let prefix = self.member_prefix(request_id);
+        if self.conn.is_cluster() {
+            let groups = by_slot(limits);
+            if groups.len() > 1 {
+                return self.cross_slot(now_us, limits, &prefix, &groups).await;
+            }
+        }
+        let specs: Vec<&LimitSpec> = limits.iter().collect();
+        self.invoke_check(now_us, &prefix, &specs).await
+    }
+
+    /// One script call checking `specs` (all in one slot).
+    async fn invoke_check(
+        &self,
+        now_us: u64,
+        prefix: &str,
+        specs: &[&LimitSpec],
+    ) -> Result<Decision, StoreUnavailable> {
         let mut call = self.script.prepare_invoke();
-        call.arg("check")
-            .arg(self.member_prefix(request_id))
-            .arg(now_us)
-            .arg(0i64);
-        for spec in limits {
+        call.arg("check").arg(prefix).arg(now_us).arg(0i64);
+        for spec in specs {
             call.key(spec.key.as_str());
             push_limit(&mut call, spec);
         }
         let mut conn = self.conn.clone();
         let reply: Vec<i64> = self.bounded(call.invoke_async(&mut conn)).await?;
-        decode(&reply, limits.len())
+        decode(&reply, specs.len())
+    }
+
+    /// Undoes an admitting check of `specs` made with `prefix`.
+    async fn release(&self, now_us: u64, prefix: &str, specs: &[&LimitSpec]) {
+        let mut call = self.script.prepare_invoke();
+        call.arg("release").arg(prefix).arg(now_us).arg(0i64);
+        for spec in specs {
+            call.key(spec.key.as_str());
+            push_limit(&mut call, spec);
+        }
+        let mut conn = self.conn.clone();
+        let result: Result<Vec<i64>, _> = self.bounded(call.invoke_async(&mut conn)).await;
+        if let Err(e) = result {
+            // The reservation stands until its window passes: the request
+            // was refused, yet it counted (never the other way round).
+            tracing::warn!(error = %e, "could not release a cross-slot reservation");
+        }
+    }
+
+    /// A request whose limits live in several slots (a cluster): reserve
+    /// in each slot at once (one script call per slot, concurrently), and
+    /// keep every reservation only if every slot admitted; otherwise
+    /// release the ones that were made. All-or-nothing, at the cost of a
+    /// second round trip only when a slot refuses.
+    async fn cross_slot(
+        &self,
+        now_us: u64,
+        limits: &[LimitSpec],
+        prefix: &str,
+        groups: &[Vec<usize>],
+    ) -> Result<Decision, StoreUnavailable> {
+        let specs: Vec<Vec<&LimitSpec>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&i| &limits[i]).collect())
+            .collect();
+        let replies =
+            futures::future::join_all(specs.iter().map(|g| self.invoke_check(now_us, prefix, g)))
+                .await;
+        let allowed = replies.iter().all(|r| matches!(r, Ok(d) if d.allowed));
+        if !allowed {
+            let undo = replies
+                .iter()
+                .zip(&specs)
+                .filter(|(r, _)| matches!(r, Ok(d) if d.allowed))
+                .map(|(_, g)| self.release(now_us, prefix, g));
+            futures::future::join_all(undo).await;
+        }
+        let mut states = vec![None; limits.len()];
+        for (reply, group) in replies.into_iter().zip(groups) {
+            let decision = reply?;
+            for (state, &i) in decision.states.into_iter().zip(group) {
+                states[i] = Some(state);
+            }
+        }
+        Ok(Decision {
+            allowed,
+            states: states.into_iter().flatten().collect(),
+        })
     }
 
     async fn run_adjust(
@@ -169,6 +242,19 @@ impl LimitStore for RedisStore {
     async fn adjust(&self, limit: &LimitSpec, delta: i64) -> Result<(), StoreUnavailable> {
         self.run_adjust(0, limit, delta).await
     }
+}
+
+/// The limits grouped by cluster slot (indices into `limits`, in order).
+fn by_slot(limits: &[LimitSpec]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(::redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+    for (i, spec) in limits.iter().enumerate() {
+        let slot = ::redis::cluster_routing::Slot::for_key(spec.key.as_bytes());
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// Appends one limit's six ARGV fields.
