@@ -267,3 +267,5 @@ pub fn new_id() -> String {
 pub fn valid_id(id: &str) -> bool {
     id.len() == 36 && id.starts_with("job_") && id[4..].bytes().all(|b| b.is_ascii_hexdigit())
 }
+#[cfg(test)]
+mod tests;
