@@ -352,17 +352,19 @@ impl LlmConfig {
         let mut seen = std::collections::HashSet::new();
         for (i, model) in self.models.iter().enumerate() {
             let at = format!("llm.models[{i}]");
+            // Visible ASCII: the name goes into metric labels, breaker
+            // names in admin URLs and the `x-levee-deployment` header.
             let name_ok = !model.name.is_empty()
                 && model.name.len() <= 256
-                && !model
+                && model
                     .name
-                    .chars()
-                    .any(|c| c.is_control() || c.is_whitespace());
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'/');
             check(
                 name_ok,
                 &format!("{at}.name"),
                 &model.name,
-                "must be 1 to 256 characters, without spaces or control characters",
+                "must be 1 to 256 visible ASCII characters, without spaces or '/'",
             )?;
             check(
                 seen.insert(model.name.as_str()),

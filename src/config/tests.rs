@@ -92,3 +92,33 @@ fn bad_fair_queue_settings_are_refused_at_load_naming_the_key_and_value() {
         .expect_err("capacity 0");
     assert_eq!(err.key(), "fairness.capacity");
 }
+
+#[test]
+fn llm_models_are_validated_naming_the_key() {
+    let cases = [
+        (
+            "[[llm.models]]\nname = \"gpt 4\"\ndeployments = [{ url = \"http://127.0.0.1:1/v1\" }]\n",
+            "llm.models[0].name",
+        ),
+        ("[[llm.models]]\nname = \"m\"\ndeployments = []\n", "llm.models[0].deployments"),
+        (
+            "[[llm.models]]\nname = \"m\"\ndeployments = [{ url = \"ftp://x\" }]\n",
+            "llm.models[0].deployments[0].url",
+        ),
+        (
+            "[[llm.models]]\nname = \"m\"\ndeployments = [{ url = \"http://a/v1\", weight = 0 }]\n",
+            "llm.models[0].deployments[0].weight",
+        ),
+        (
+            "[[llm.models]]\nname = \"m\"\ndeployments = [{ url = \"http://a/v1\" }]\n[[llm.models]]\nname = \"m\"\ndeployments = [{ url = \"http://b/v1\" }]\n",
+            "llm.models[1].name",
+        ),
+        ("[redis]\nmode = \"cluster\"\n", "redis.cluster_nodes"),
+        ("[jobs]\nworkers = 0\n", "jobs.workers"),
+    ];
+    for (text, key) in cases {
+        let config: Config = toml::from_str(text).expect(text);
+        let err = config.validate().expect_err(text);
+        assert_eq!(err.key(), key, "{text}: {err}");
+    }
+}

@@ -167,7 +167,9 @@ fn respond(reply: Reply) -> Response {
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             // Proxies in front must not buffer the stream either.
             h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-            h.insert(X_DEPLOYMENT, HeaderValue::from_static(reply.deployment));
+            if let Ok(v) = HeaderValue::from_str(reply.deployment) {
+                h.insert(X_DEPLOYMENT, v);
+            }
             resp
         }
     }
@@ -190,6 +192,8 @@ fn whole(reply: Reply) -> Response {
             .content_type
             .unwrap_or_else(|| HeaderValue::from_static("application/json")),
     );
-    h.insert(X_DEPLOYMENT, HeaderValue::from_static(reply.deployment));
+    if let Ok(v) = HeaderValue::from_str(reply.deployment) {
+        h.insert(X_DEPLOYMENT, v);
+    }
     resp
 }
