@@ -3,9 +3,10 @@
 -- exactly; see the `store` module docs for the semantics.
 --
 -- KEYS[i]  = the key of limit i (one key per limit: Redis Cluster friendly).
--- ARGV[1]  = mode: "check", "adjust" or "release" (undo a check that
---            admitted, given the same prefix and limits: the cross-slot
---            case on a cluster, where another slot refused).
+-- ARGV[1]  = mode: "check", "peek" (a check that consumes nothing),
+--            "adjust" or "release" (undo a check that admitted, given the
+--            same prefix and limits: the cross-slot case on a cluster,
+--            where another slot refused).
 -- ARGV[2]  = member prefix (unique per call): sliding-log members are
 --            "<prefix>:<j>" for j in 0..units-1.
 -- ARGV[3]  = now in µs; "0" (production) reads Redis TIME. Tests pass a
@@ -244,7 +245,7 @@ end
 local out = { allowed and 1 or 0 }
 for i = 1, #KEYS do
   local p, s = ps[i], ss[i]
-  if allowed and admits[i] then charge(KEYS[i], p, s, p.cost) end
+  if allowed and admits[i] and mode ~= 'peek' then charge(KEYS[i], p, s, p.cost) end
   local remaining, reset = report(p, s)
   local reported = p.limit
   if p.algo == 3 then reported = p.cap end

@@ -100,18 +100,20 @@ impl RedisStore {
             }
         }
         let specs: Vec<&LimitSpec> = limits.iter().collect();
-        self.invoke_check(now_us, &prefix, &specs).await
+        self.invoke_check("check", now_us, &prefix, &specs).await
     }
 
-    /// One script call checking `specs` (all in one slot).
+    /// One script call checking `specs` (all in one slot); `mode` is
+    /// `check` (consume if admitted) or `peek` (consume nothing).
     async fn invoke_check(
         &self,
+        mode: &str,
         now_us: u64,
         prefix: &str,
         specs: &[&LimitSpec],
     ) -> Result<Decision, StoreUnavailable> {
         let mut call = self.script.prepare_invoke();
-        call.arg("check").arg(prefix).arg(now_us).arg(0i64);
+        call.arg(mode).arg(prefix).arg(now_us).arg(0i64);
         for spec in specs {
             call.key(spec.key.as_str());
             push_limit(&mut call, spec);
@@ -138,11 +140,19 @@ impl RedisStore {
         }
     }
 
-    /// A request whose limits live in several slots (a cluster): reserve
-    /// in each slot at once (one script call per slot, concurrently), and
-    /// keep every reservation only if every slot admitted; otherwise
-    /// release the ones that were made. All-or-nothing, at the cost of a
-    /// second round trip only when a slot refuses.
+    /// A request whose limits live in several slots (a cluster), kept
+    /// all-or-nothing without letting a refused request hold anything:
+    ///
+    /// 1. peek at every slot at once (nothing consumed): if any slot
+    ///    refuses, so does the request, having reserved nothing (an
+    ///    exhausted key never blocks the IP ceiling it shares with others);
+    /// 2. otherwise reserve slot by slot, the one with the least room
+    ///    first, each only once the previous admitted; if one refuses
+    ///    (another request took the room in between), release the slots
+    ///    already reserved.
+    ///
+    /// The cost: one parallel round trip, then one per slot; the single-slot
+    /// path stays one round trip.
     async fn cross_slot(
         &self,
         now_us: u64,
@@ -154,29 +164,68 @@ impl RedisStore {
             .iter()
             .map(|g| g.iter().map(|&i| &limits[i]).collect())
             .collect();
-        let replies =
-            futures::future::join_all(specs.iter().map(|g| self.invoke_check(now_us, prefix, g)))
-                .await;
-        let allowed = replies.iter().all(|r| matches!(r, Ok(d) if d.allowed));
-        if !allowed {
-            let undo = replies
+        let peeks = futures::future::join_all(
+            specs
                 .iter()
-                .zip(&specs)
-                .filter(|(r, _)| matches!(r, Ok(d) if d.allowed))
-                .map(|(_, g)| self.release(now_us, prefix, g));
-            futures::future::join_all(undo).await;
+                .map(|g| self.invoke_check("peek", now_us, prefix, g)),
+        )
+        .await;
+        let mut peeked = Vec::with_capacity(peeks.len());
+        for p in peeks {
+            peeked.push(p?);
         }
-        let mut states = vec![None; limits.len()];
-        for (reply, group) in replies.into_iter().zip(groups) {
-            let decision = reply?;
-            for (state, &i) in decision.states.into_iter().zip(group) {
-                states[i] = Some(state);
+        if !peeked.iter().all(|d| d.allowed) {
+            return Ok(merge(limits.len(), groups, peeked, false));
+        }
+        // Least room first: the slot most likely to refuse is tried before
+        // anything is held elsewhere.
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by(|&a, &b| room(&peeked[a]).total_cmp(&room(&peeked[b])));
+        let mut held: Vec<usize> = Vec::new();
+        let mut decisions: Vec<Option<Decision>> = vec![None; groups.len()];
+        let mut allowed = true;
+        for &g in &order {
+            match self.invoke_check("check", now_us, prefix, &specs[g]).await {
+                Ok(d) => {
+                    let admitted = d.allowed;
+                    decisions[g] = Some(d);
+                    if admitted {
+                        held.push(g);
+                    } else {
+                        allowed = false;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.release_all(now_us, prefix, &specs, &held).await;
+                    return Err(e);
+                }
             }
         }
-        Ok(Decision {
-            allowed,
-            states: states.into_iter().flatten().collect(),
-        })
+        if !allowed {
+            self.release_all(now_us, prefix, &specs, &held).await;
+        }
+        // Slots not reached report what the peek saw.
+        let decisions = decisions
+            .into_iter()
+            .zip(peeked)
+            .map(|(d, p)| d.unwrap_or(p))
+            .collect();
+        Ok(merge(limits.len(), groups, decisions, allowed))
+    }
+
+    async fn release_all(
+        &self,
+        now_us: u64,
+        prefix: &str,
+        specs: &[Vec<&LimitSpec>],
+        held: &[usize],
+    ) {
+        futures::future::join_all(
+            held.iter()
+                .map(|&g| self.release(now_us, prefix, &specs[g])),
+        )
+        .await;
     }
 
     async fn run_adjust(
@@ -241,6 +290,28 @@ impl LimitStore for RedisStore {
 
     async fn adjust(&self, limit: &LimitSpec, delta: i64) -> Result<(), StoreUnavailable> {
         self.run_adjust(0, limit, delta).await
+    }
+}
+
+/// The smallest share of a limit left in a slot's decision.
+fn room(d: &Decision) -> f64 {
+    d.states
+        .iter()
+        .map(|s| s.remaining as f64 / s.limit.max(1) as f64)
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Per-slot decisions back into the request's limit order.
+fn merge(n: usize, groups: &[Vec<usize>], decisions: Vec<Decision>, allowed: bool) -> Decision {
+    let mut states = vec![None; n];
+    for (decision, group) in decisions.into_iter().zip(groups) {
+        for (state, &i) in decision.states.into_iter().zip(group) {
+            states[i] = Some(state);
+        }
+    }
+    Decision {
+        allowed,
+        states: states.into_iter().flatten().collect(),
     }
 }
 
