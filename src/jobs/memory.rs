@@ -186,6 +186,17 @@ impl JobStore for InProcessJobStore {
         Ok(out)
     }
 
+    async fn touch(&self, d: &Delivery, _consumer: &str) -> Result<(), JobStoreError> {
+        let mut all = self.lock();
+        if let Some((_, taken)) = all
+            .get_mut(&d.tenant)
+            .and_then(|t| t.pending.get_mut(&d.handle))
+        {
+            *taken = Instant::now();
+        }
+        Ok(())
+    }
+
     async fn start(&self, d: &Delivery, now: u64) -> Result<Option<Started>, JobStoreError> {
         let mut all = self.lock();
         let Some(t) = all.get_mut(&d.tenant) else {

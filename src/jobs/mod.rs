@@ -226,6 +226,9 @@ pub trait JobStore: Send + Sync + 'static {
         consumer: &str,
         idle: Duration,
     ) -> Result<Vec<Delivery>, JobStoreError>;
+    /// Restarts a taken job's visibility clock (a job this worker holds
+    /// for its tenant's turn is not taken over meanwhile).
+    async fn touch(&self, delivery: &Delivery, consumer: &str) -> Result<(), JobStoreError>;
     /// Marks a delivery running; `None` when the job is already finished
     /// or gone (the delivery is then acknowledged).
     async fn start(&self, delivery: &Delivery, now: u64) -> Result<Option<Started>, JobStoreError>;

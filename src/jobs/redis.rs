@@ -395,6 +395,25 @@ impl JobStore for RedisJobStore {
             .unwrap_or_default())
     }
 
+    async fn touch(&self, d: &Delivery, consumer: &str) -> Result<(), JobStoreError> {
+        let mut conn = self.conn.clone();
+        // Claiming an entry one already owns with min-idle 0 resets its
+        // idle time; JUSTID leaves the delivery count alone.
+        let _: Value = self
+            .bounded(
+                ::redis::cmd("XCLAIM")
+                    .arg(stream_key(&d.tenant))
+                    .arg(GROUP)
+                    .arg(consumer)
+                    .arg(0)
+                    .arg(&d.handle)
+                    .arg("JUSTID")
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn start(&self, d: &Delivery, now: u64) -> Result<Option<Started>, JobStoreError> {
         let mut conn = self.conn.clone();
         let mut call = self.start.prepare_invoke();

@@ -2,8 +2,10 @@
 //! tenants in weighted round-robin (a tenant of weight w gets w turns a
 //! cycle), takes a tenant's next job, and starts it only once the tenant's
 //! limiter admits it; a refused job is held until the limiter's
-//! `Retry-After`, so a backlog drains at exactly the tenant's rate. At most
-//! `jobs.workers` jobs run at once.
+//! `Retry-After` (its visibility clock kept fresh meanwhile), so a backlog
+//! drains at exactly the tenant's rate. Jobs taken over from a crashed
+//! worker wait for the limiter too. At most `jobs.workers` jobs run at
+//! once.
 //!
 //! A job's result is stored before its delivery is acknowledged. A failure
 //! worth retrying puts the job back at the end of its queue, up to
@@ -74,8 +76,10 @@ struct Turn {
     tenant: String,
     /// No turn before this (limited, or empty a moment ago).
     not_before: Instant,
-    /// A job taken but not yet admitted.
-    held: Option<Delivery>,
+    /// Jobs taken (or taken over) but not yet admitted, oldest first.
+    held: std::collections::VecDeque<Delivery>,
+    /// When the held jobs' visibility clocks were last restarted.
+    touched: Instant,
 }
 
 impl Workers {
@@ -135,10 +139,11 @@ impl Workers {
             }
             if now.duration_since(reclaimed) >= self.config.visibility_timeout / 2 {
                 reclaimed = now;
-                for t in &turns {
-                    self.reclaim(&t.tenant, &slots).await;
+                for t in &mut turns {
+                    self.reclaim(t).await;
                 }
             }
+            self.touch_held(&mut turns, now).await;
             let Some(i) = next_turn(&schedule, &turns, &mut cursor, now) else {
                 let wake = turns
                     .iter()
@@ -157,7 +162,7 @@ impl Workers {
                 _ = stop.changed() => continue,
             };
             let turn = &mut turns[i];
-            let delivery = match turn.held.take() {
+            let delivery = match turn.held.pop_front() {
                 Some(d) => d,
                 None => match self.store.next(&turn.tenant, &self.consumer).await {
                     Ok(Some(d)) => d,
@@ -175,7 +180,7 @@ impl Workers {
             if let Some(submitter) = &delivery.submitter {
                 if let Err(wait) = self.admission.admit(submitter).await {
                     turn.not_before = Instant::now() + wait;
-                    turn.held = Some(delivery);
+                    turn.held.push_front(delivery);
                     continue;
                 }
             }
@@ -187,7 +192,7 @@ impl Workers {
         }
         // Put back what this replica held but never started.
         for t in &mut turns {
-            if let Some(d) = t.held.take() {
+            while let Some(d) = t.held.pop_front() {
                 if let Err(e) = self.store.requeue(&d, None).await {
                     tracing::warn!(error = %e, job = %d.id, "could not release a held job");
                 }
@@ -217,7 +222,8 @@ impl Workers {
                 turns.push(Turn {
                     tenant,
                     not_before: Instant::now(),
-                    held: None,
+                    held: std::collections::VecDeque::new(),
+                    touched: Instant::now(),
                 });
             }
         }
@@ -235,11 +241,12 @@ impl Workers {
         }
     }
 
-    /// Takes over `tenant`'s jobs another worker left unfinished; they
-    /// were admitted when first taken, so they run at once.
-    async fn reclaim(self: &Arc<Self>, tenant: &str, slots: &Arc<Semaphore>) {
+    /// Takes over the jobs of `turn`'s tenant another worker left
+    /// unfinished. They wait for the tenant's limiter like any other job:
+    /// a take-over must not run a tenant faster than its rate.
+    async fn reclaim(&self, turn: &mut Turn) {
         let idle = self.config.visibility_timeout;
-        let deliveries = match self.store.reclaim(tenant, &self.consumer, idle).await {
+        let deliveries = match self.store.reclaim(&turn.tenant, &self.consumer, idle).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reclaim jobs");
@@ -248,14 +255,28 @@ impl Workers {
         };
         for d in deliveries {
             self.count(&d.tenant, "reclaimed");
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let this = self.clone();
-            tokio::spawn(async move {
-                this.process(d).await;
-                drop(permit);
-            });
+            if turn.held.iter().any(|h| h.handle == d.handle) {
+                continue;
+            }
+            turn.held.push_back(d);
+        }
+    }
+
+    /// Keeps the jobs this replica holds for their tenant's turn from
+    /// being taken over while they wait (their visibility clock restarts
+    /// every third of the timeout).
+    async fn touch_held(&self, turns: &mut [Turn], now: Instant) {
+        let every = self.config.visibility_timeout / 3;
+        for t in turns.iter_mut() {
+            if t.held.is_empty() || now.duration_since(t.touched) < every {
+                continue;
+            }
+            t.touched = now;
+            for d in &t.held {
+                if let Err(e) = self.store.touch(d, &self.consumer).await {
+                    tracing::warn!(error = %e, job = %d.id, "cannot keep a held job");
+                }
+            }
         }
     }
 
