@@ -85,3 +85,23 @@ async fn redis_frozen_without_the_redis_breaker_fails_its_latency_assertion() {
         assert!(a.passed, "{} should still hold: {}", a.name, a.measured);
     }
 }
+
+#[tokio::test]
+async fn burst_absorbed_loses_no_job_and_keeps_the_quiet_tenant_isolated_end_to_end() {
+    let _serial = SERIAL.lock().await;
+    let profile = Profile::CI;
+    let scenario = scenario::burst_absorbed(&profile);
+    let report = runner::run(&profile, &[scenario], &binaries()).await;
+    assert!(report.passed, "{}", describe(&report));
+    let jobs = report.scenarios[0]
+        .jobs
+        .as_ref()
+        .expect("the accepted jobs were read back");
+    // Every submission is accounted for: accepted or refused as full.
+    assert_eq!(jobs.accepted + jobs.queue_full, jobs.submitted, "{jobs:?}");
+    assert_eq!(jobs.other, 0);
+    // The queue holds 50; the burst leaves at least that many behind.
+    assert!(jobs.accepted >= 50, "{jobs:?}");
+    assert_eq!(jobs.lost, 0);
+    assert_eq!(jobs.final_status.get("succeeded"), Some(&jobs.accepted));
+}

@@ -48,6 +48,8 @@ pub struct Sample {
     /// The tenant label of the stream that sent it; `None` for anonymous
     /// traffic.
     pub tenant: Option<String>,
+    /// The body's `job_id` (a `POST /v1/jobs` answered 202).
+    pub job_id: Option<String>,
 }
 
 /// The replicas load goes to, round robin over the live ones; a scenario
@@ -64,7 +66,13 @@ pub struct LoadSpec {
     pub timeout: Duration,
 }
 
-/// One open-loop stream of `POST /v1/chat` requests.
+/// The path of a synchronous chat.
+pub const CHAT_PATH: &str = "/v1/chat";
+/// The path of a job submission (same body as a chat, answered 202).
+pub const JOBS_PATH: &str = "/v1/jobs";
+
+/// One open-loop stream of `POST` requests with a `/v1/chat` body: to
+/// [`CHAT_PATH`] (synchronous) or [`JOBS_PATH`] (a job).
 #[derive(Debug, Clone)]
 pub struct Stream {
     /// The label its samples carry (the tenant its key belongs to);
@@ -85,6 +93,8 @@ pub struct Stream {
     /// The body's `thread_id`; `None`: sixteen `chaos-N` threads in turn,
     /// so memory is exercised but stays small.
     pub thread_id: Option<String>,
+    /// Where it posts: [`CHAT_PATH`] or [`JOBS_PATH`].
+    pub path: &'static str,
 }
 
 impl LoadSpec {
@@ -101,6 +111,7 @@ impl LoadSpec {
                 message: message.to_owned(),
                 user_id: "chaos".to_owned(),
                 thread_id: None,
+                path: CHAT_PATH,
             }],
             timeout,
         }
@@ -141,8 +152,14 @@ impl Targets {
         urls.len() - 1
     }
 
-    /// The `n`-th pick of the round robin over live replicas.
-    fn pick(&self, n: u64) -> Option<(usize, String)> {
+    /// The base URLs of the replicas in rotation.
+    pub fn live(&self) -> Vec<String> {
+        self.lock().iter().flatten().cloned().collect()
+    }
+
+    /// The `n`-th pick of the round robin over live replicas: its index
+    /// and base URL; `None` when none is live.
+    pub fn pick(&self, n: u64) -> Option<(usize, String)> {
         let urls = self.lock();
         let live: Vec<(usize, &String)> = urls
             .iter()
@@ -218,6 +235,7 @@ async fn run_stream(
         let (client, samples, stream) = (client.clone(), samples.clone(), stream.clone());
         tasks.push(tokio::spawn(async move {
             let sent = due.saturating_duration_since(start);
+            let url = format!("{url}{}", stream.path);
             let mut sample = one(&client, &url, &stream.headers, &body, due).await;
             sample.sent = sent;
             sample.replica = replica;
@@ -239,8 +257,8 @@ async fn run_stream(
     samples
 }
 
-/// One request; latency counts from its scheduled send time. The caller
-/// fills in when it was sent, where it went and for whom.
+/// One request to `url`; latency counts from its scheduled send time. The
+/// caller fills in when it was sent, where it went and for whom.
 async fn one(
     client: &reqwest::Client,
     url: &str,
@@ -258,12 +276,11 @@ async fn one(
         body_degraded: false,
         error_code: None,
         tenant: None,
+        job_id: None,
     };
     let request = headers
         .iter()
-        .fold(client.post(format!("{url}/v1/chat")), |r, (name, value)| {
-            r.header(name, value)
-        });
+        .fold(client.post(url), |r, (name, value)| r.header(name, value));
     let result = request.json(body).send().await;
     match result {
         Ok(resp) => {
@@ -276,6 +293,7 @@ async fn one(
                     sample.outcome = Outcome::Status(status);
                     sample.body_degraded = json["metadata"]["degraded"] == true;
                     sample.error_code = json["error"].as_str().map(str::to_owned);
+                    sample.job_id = json["job_id"].as_str().map(str::to_owned);
                 }
                 Err(e) if e.is_timeout() => sample.outcome = Outcome::Timeout,
                 Err(_) => sample.outcome = Outcome::Status(status),

@@ -10,7 +10,9 @@
 //! - [`scenario`]: the scenarios and [`scenario::execute`].
 //! - [`report`]: timelines (HDR histograms per 250 ms), JSON and SVG.
 
+pub mod cluster;
 pub mod load;
+pub mod overhead;
 pub mod procs;
 pub mod proxy;
 pub mod report;

@@ -21,7 +21,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::load::{Outcome, Sample};
-use super::scenario::Scenario;
+use super::scenario::{JobsObserved, Scenario};
 
 /// Width of one timeline slice.
 pub const SLICE: Duration = Duration::from_millis(250);
@@ -94,6 +94,75 @@ pub struct ScenarioReport {
     /// this one's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub contrast: Option<Box<ScenarioReport>>,
+    /// The jobs the load submitted, when the scenario reads them back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<JobsSummary>,
+    /// When each step of the fault schedule was done.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+/// One step of the fault schedule, as done.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// When it was done (after any wait it includes), seconds from the
+    /// start of the load.
+    pub t_s: f64,
+    /// The action.
+    pub action: String,
+}
+
+/// The jobs of a run: submissions, final states, takeovers, and when
+/// they ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobsSummary {
+    /// The submitting tenant.
+    pub tenant: String,
+    /// Submissions sent.
+    pub submitted: u64,
+    /// Answered 202.
+    pub accepted: u64,
+    /// Answered 429 `queue_full`.
+    pub queue_full: u64,
+    /// Anything else (statuses, timeouts, transport errors).
+    pub other: u64,
+    /// Accepted jobs by the status last read (`unread` if never read).
+    pub final_status: BTreeMap<String, u64>,
+    /// Accepted jobs that did not end `succeeded`.
+    pub lost: u64,
+    /// Accepted jobs with more than one delivery.
+    pub started_more_than_once: u64,
+    /// `levee_jobs_total` by outcome over the replicas alive at the end.
+    pub counters: BTreeMap<String, u64>,
+    /// Jobs started in each second of the run (by `started_at`).
+    pub started_per_s: Vec<u64>,
+    /// The last `finished_at`, seconds from the start of the load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_finished_s: Option<f64>,
+    /// When reading them back ended, seconds from the start of the load.
+    pub polled_until_s: f64,
+    /// Every accepted job, by submission time.
+    pub jobs: Vec<JobRow>,
+}
+
+/// One accepted job in the report; times in seconds from the start of
+/// the load.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRow {
+    /// Its id.
+    pub id: String,
+    /// The replica that accepted it.
+    pub replica: usize,
+    /// When its submission was sent.
+    pub sent_s: f64,
+    /// The status last read (`None`: never read).
+    pub status: Option<String>,
+    /// Deliveries.
+    pub attempts: u64,
+    /// Its last start.
+    pub started_s: Option<f64>,
+    /// When it finished.
+    pub finished_s: Option<f64>,
 }
 
 /// One tenant's requests before and during the fault window.
@@ -197,6 +266,8 @@ impl ScenarioReport {
             tenants,
             tenant_timelines,
             contrast: None,
+            jobs: None,
+            events: Vec::new(),
         }
     }
 
@@ -206,6 +277,68 @@ impl ScenarioReport {
         report.passed = false;
         report.error = Some(format!("{error:#}"));
         report
+    }
+}
+
+impl JobsSummary {
+    /// The summary of `tenant`'s submissions among `samples` and of the
+    /// jobs read back.
+    pub fn new(tenant: &str, samples: &[Sample], observed: &JobsObserved) -> Self {
+        let theirs: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.tenant.as_deref() == Some(tenant))
+            .collect();
+        let count = |f: &dyn Fn(&Sample) -> bool| theirs.iter().filter(|s| f(s)).count() as u64;
+        let accepted = count(&|s| s.outcome == Outcome::Status(202) && s.job_id.is_some());
+        let queue_full = count(&|s| {
+            s.outcome == Outcome::Status(429) && s.error_code.as_deref() == Some("queue_full")
+        });
+        let mut final_status = BTreeMap::new();
+        let mut started_per_s = Vec::new();
+        for job in &observed.jobs {
+            let status = job.status.clone().unwrap_or_else(|| "unread".to_owned());
+            *final_status.entry(status).or_default() += 1;
+            if let Some(t) = job.started {
+                let i = t.as_secs() as usize;
+                if started_per_s.len() <= i {
+                    started_per_s.resize(i + 1, 0);
+                }
+                started_per_s[i] += 1;
+            }
+        }
+        let succeeded = final_status.get("succeeded").copied().unwrap_or(0);
+        Self {
+            tenant: tenant.to_owned(),
+            submitted: theirs.len() as u64,
+            accepted,
+            queue_full,
+            other: theirs.len() as u64 - accepted - queue_full,
+            lost: observed.jobs.len() as u64 - succeeded,
+            final_status,
+            started_more_than_once: observed.jobs.iter().filter(|j| j.attempts > 1).count() as u64,
+            counters: observed.counters.clone(),
+            started_per_s,
+            last_finished_s: observed
+                .jobs
+                .iter()
+                .filter_map(|j| j.finished)
+                .max()
+                .map(|d| d.as_secs_f64()),
+            polled_until_s: observed.polled_until.as_secs_f64(),
+            jobs: observed
+                .jobs
+                .iter()
+                .map(|j| JobRow {
+                    id: j.id.clone(),
+                    replica: j.replica,
+                    sent_s: j.sent.as_secs_f64(),
+                    status: j.status.clone(),
+                    attempts: j.attempts,
+                    started_s: j.started.map(|d| d.as_secs_f64()),
+                    finished_s: j.finished.map(|d| d.as_secs_f64()),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -302,6 +435,7 @@ pub fn write(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
 fn colour(key: &str) -> RGBColor {
     match key {
         "200" => RGBColor(46, 139, 87),
+        "202" => RGBColor(70, 130, 180),
         "429" => RGBColor(218, 165, 32),
         "502" => RGBColor(205, 92, 92),
         "503" => RGBColor(178, 34, 34),
@@ -627,6 +761,7 @@ mod tests {
             body_degraded: false,
             error_code: None,
             tenant: Some(tenant.to_owned()),
+            job_id: None,
         }
     }
 

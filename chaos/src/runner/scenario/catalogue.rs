@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::super::load::{LoadSpec, Stream};
+use super::super::load::{LoadSpec, Stream, CHAT_PATH, JOBS_PATH};
 use super::super::proxy::ProxyMode;
-use super::{ms, Action, Check, Contrast, Scenario, Step};
+use super::{ms, Action, Check, Contrast, JobsDrain, Scenario, Step};
 use crate::sim::LlmCapacity;
 
 /// Load rate and time scale of a run.
@@ -26,7 +26,8 @@ pub struct Profile {
 
 impl Profile {
     /// CI: 100-150 req/s, ~10-14 s of load per scenario (`noisy-neighbour`:
-    /// 165 req/s at peak, 18 s, twice).
+    /// 165 req/s at peak, 18 s, twice; `burst-absorbed`: 205 req/s for 5 s,
+    /// 22 s in all).
     pub const CI: Self = Self {
         name: "ci",
         rate: 1.0,
@@ -66,6 +67,8 @@ pub const NAMES: &[&str] = &[
     "vector-store-down",
     "replica-killed",
     "noisy-neighbour",
+    "burst-absorbed",
+    "cluster-master-failover",
 ];
 
 /// The scenario called `name`.
@@ -82,6 +85,8 @@ pub fn by_name(name: &str, profile: &Profile) -> Option<Scenario> {
         "vector-store-down" => vector_store_down(profile),
         "replica-killed" => replica_killed(profile),
         "noisy-neighbour" => noisy_neighbour(profile),
+        "burst-absorbed" => burst_absorbed(profile),
+        "cluster-master-failover" => super::cluster::cluster_master_failover(profile),
         _ => return None,
     })
 }
@@ -192,6 +197,7 @@ pub fn redis_killed_fail_open(p: &Profile) -> Scenario {
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -226,6 +232,7 @@ pub fn redis_killed_fail_closed(p: &Profile) -> Scenario {
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -250,6 +257,7 @@ pub fn redis_frozen(p: &Profile, breaker: bool) -> Scenario {
         checks: frozen_checks(freeze, heal),
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -303,6 +311,7 @@ pub fn redis_slow(p: &Profile) -> Scenario {
         checks: frozen_checks(slow, heal),
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -337,6 +346,7 @@ pub fn llm_killed(p: &Profile) -> Scenario {
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -368,6 +378,7 @@ pub fn llm_hang(p: &Profile) -> Scenario {
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -408,6 +419,7 @@ half_open_probes = 1"#,
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -447,6 +459,7 @@ half_open_probes = 2"#,
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -490,6 +503,7 @@ half_open_probes = 1
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -518,6 +532,7 @@ pub fn replica_killed(p: &Profile) -> Scenario {
         ],
         sim: LlmCapacity::default(),
         contrast: None,
+        jobs: None,
     }
 }
 
@@ -609,6 +624,7 @@ fn tenant_stream(
         message: PTO.to_owned(),
         user_id: "u1".to_owned(),
         thread_id: Some("t1".to_owned()),
+        path: CHAT_PATH,
     }
 }
 
@@ -673,6 +689,164 @@ pub fn noisy_neighbour(p: &Profile) -> Scenario {
             label: "isolation off",
             main_label: "isolation on",
             config: noisy_neighbour_config(false),
+        }),
+        jobs: None,
+    }
+}
+
+/// The noisy tenant's job rate in `burst-absorbed`, jobs per second: its
+/// tier's sliding-log limit per second, which is also its burst allowance.
+const BA_RATE: u32 = 5;
+/// Its submission rate: 40x what it may process.
+const BA_SUBMIT_RATE: u32 = 40 * BA_RATE;
+/// Jobs it may have queued or running (`max_queued_jobs`): the backlog
+/// the burst leaves, BA_MAX_QUEUED / BA_RATE = 10 s of work.
+const BA_MAX_QUEUED: u32 = 50;
+/// Service time of one LLM call: the time a killed replica's job is
+/// caught mid-call.
+const BA_SERVICE_MS: u64 = 200;
+/// `jobs.visibility_timeout`: a killed replica's jobs are taken over
+/// after this (the longest job, the 2 s LLM deadline, stays below it).
+const BA_VISIBILITY: Duration = Duration::from_secs(3);
+/// Slack on the drain: `backlog / rate + 2 s` after the burst's end.
+const BA_DRAIN_MARGIN: Duration = Duration::from_secs(2);
+/// Time between taking the replica out of rotation and killing it, so
+/// no HTTP request is in flight to it when it dies (its jobs are).
+const BA_UNROUTE: Duration = Duration::from_millis(500);
+/// Longest wait, from halfway through the burst, for the replica to be
+/// killed to start a job.
+const BA_KILL_WITHIN: Duration = Duration::from_secs(5);
+
+/// Levee's config for `burst-absorbed`: a quiet tenant on synchronous
+/// chat and a noisy one whose jobs run at BA_RATE, at most BA_MAX_QUEUED
+/// queued, on one LLM of capacity C shared through the fair queue.
+pub fn burst_absorbed_config() -> String {
+    let (quiet, noisy) = (QUIET_KEY.1, NOISY_KEY.1);
+    let visibility = BA_VISIBILITY.as_secs();
+    format!(
+        r#"
+[[identity.api_keys]]
+id = "quiet"
+sha256 = "{quiet}"
+tenant = "quiet"
+tier = "TENANT"
+[[identity.api_keys]]
+id = "noisy"
+sha256 = "{noisy}"
+tenant = "noisy"
+tier = "JOBS"
+[ratelimit]
+replicas = 3
+[ratelimit.tiers.TENANT]
+limits = [{{ limit = 100000, window = "1m" }}]
+[ratelimit.tiers.JOBS]
+limits = [{{ limit = {BA_RATE}, window = "1s" }}]
+[ratelimit.tenants.quiet]
+weight = 1
+max_queue = 64
+max_wait = "2s"
+[ratelimit.tenants.noisy]
+weight = 1
+max_queued_jobs = {BA_MAX_QUEUED}
+[fairness]
+enabled = true
+[jobs]
+enabled = true
+workers = 8
+visibility_timeout = "{visibility}s"
+max_deliveries = 3
+poll_interval = "50ms"
+[resilience.llm]
+attempt_timeout = "2s"
+deadline = "2s"
+[resilience.llm.retry]
+max_attempts = 1
+[resilience.llm.bulkhead]
+max_concurrent = {NN_CAPACITY}
+"#
+    )
+}
+
+/// The quiet tenant alone for 6 s, then the noisy one submits jobs at 40x
+/// its rate for 5 s over 3 replicas. Replica 2 leaves the rotation 0.5 s
+/// before the burst's middle (no request is in flight to it when it dies)
+/// and is SIGKILLed, from the middle on, at its next job's LLM call. The
+/// quiet tenant keeps going while the backlog drains.
+/// The rates stay as they are under every profile; only the times scale.
+pub fn burst_absorbed(p: &Profile) -> Scenario {
+    let (burst, burst_len) = (p.secs(6.0), p.secs(5.0));
+    let (burst_end, half) = (burst + burst_len, burst + burst_len / 2);
+    let rate = f64::from(BA_RATE);
+    let backlog = Duration::from_secs_f64(f64::from(BA_MAX_QUEUED) / rate);
+    // The quiet tenant runs through the longest drain the queue bound allows.
+    let quiet_end = burst_end + backlog + Duration::from_secs(1);
+    let service = Duration::from_millis(BA_SERVICE_MS);
+    let slot_gap = service / NN_CAPACITY as u32;
+    let tenant = |tenant, check| Check::Tenant {
+        tenant,
+        check: Box::new(check),
+    };
+    let vs_unloaded = |quantile, slack| Check::LatencyVsUnloaded {
+        quantile,
+        unloaded: (NN_WARM_UP, burst),
+        loaded: (burst, quiet_end),
+        slack,
+    };
+    let noisy = Stream {
+        path: JOBS_PATH,
+        user_id: "noisy".to_owned(),
+        thread_id: None,
+        ..tenant_stream("noisy", NOISY_KEY, BA_SUBMIT_RATE, burst, burst_len)
+    };
+    Scenario {
+        name: "burst-absorbed",
+        summary: "a tenant submits jobs at 40x its 5/s rate over 3 replicas, one SIGKILLed mid-burst with a job mid-call: only 202/429 queue_full, no accepted job lost, jobs start at <= rate x w + burst, the backlog drains within backlog / rate + 2 s (+ visibility timeout); a quiet tenant's chat keeps its unloaded p50 +15 ms / p99 +2 slots",
+        replicas: 3,
+        config: burst_absorbed_config(),
+        load: LoadSpec {
+            streams: vec![
+                tenant_stream("quiet", QUIET_KEY, QUIET_RATE, Duration::ZERO, quiet_end),
+                noisy,
+            ],
+            timeout: NN_CLIENT_TIMEOUT,
+        },
+        redis_proxy: false,
+        vector_proxy: false,
+        schedule: vec![
+            Step { at: half - BA_UNROUTE, action: Action::Unroute(2) },
+            // The limiter starts each second's jobs together, on whichever
+            // replicas ask first: wait for one on replica 2 (a second or
+            // two), and kill it with that job mid-call.
+            Step { at: half, action: Action::KillReplicaMidCall { replica: 2, tenant: "noisy", within: BA_KILL_WITHIN } },
+        ],
+        fault_window: (burst, burst_end),
+        checks: vec![
+            tenant("noisy", Check::JobSubmissions),
+            Check::NoJobLost,
+            // Takeovers count too: the survivors start a dead replica's
+            // jobs at once, without asking the limiter again.
+            Check::JobStartRate {
+                rate,
+                burst: u64::from(BA_RATE),
+                windows: vec![ms(1000), ms(2000), ms(5000)],
+            },
+            Check::DrainWithin { burst_end, rate, margin: BA_DRAIN_MARGIN, reclaim: BA_VISIBILITY },
+            Check::JobsReclaimed { min: 1, min_rerun: 1 },
+            tenant("quiet", Check::Statuses { allowed: vec![200], max_timeouts: 0, max_errors: 0 }),
+            tenant("quiet", vs_unloaded(0.5, ms(15))),
+            tenant("quiet", vs_unloaded(0.99, 2 * slot_gap)),
+        ],
+        sim: LlmCapacity {
+            capacity: NN_CAPACITY,
+            service_ms: Some(BA_SERVICE_MS),
+            per_token_ms: 0,
+        },
+        contrast: None,
+        jobs: Some(JobsDrain {
+            tenant: "noisy",
+            api_key: NOISY_KEY.0,
+            // The longest drain the bound allows, and 5 s to see a late one.
+            deadline: burst_end + backlog + BA_DRAIN_MARGIN + BA_VISIBILITY + Duration::from_secs(5),
         }),
     }
 }

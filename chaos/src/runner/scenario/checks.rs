@@ -1,14 +1,17 @@
-//! The checks: [`Check`], an assertion over the samples (and polls) of a
-//! run stated as numbers, and [`evaluate`], which dispatches each kind to
+//! The checks: [`Check`], an assertion over the samples (and polls, and
+//! jobs read back) of a run stated as numbers, and [`evaluate`], which dispatches each kind to
 //! one function that measures it and returns an [`Assertion`] with the
 //! bound and the measurement side by side. Kept apart from the catalogue
 //! (which chooses the numbers) and the runner (which collects the samples).
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use super::super::load::{Outcome, Sample};
 use super::super::report::{Assertion, ScenarioReport};
 use super::execute::{Poll, POLL_EVERY};
+use super::jobs::{JobRecord, JobsObserved};
 
 /// An assertion over the samples (and polls) of a run, with its numbers.
 #[derive(Debug, Clone)]
@@ -155,6 +158,48 @@ pub enum Check {
         /// Where the bound comes from, for the report.
         basis: String,
     },
+    /// Every job submission was answered 202 with a `job_id` or 429
+    /// `queue_full`, nothing else (no client timeout, no transport error),
+    /// and both happened: the burst filled the queue and met its bound.
+    JobSubmissions,
+    /// Every job answered 202 was read back `succeeded` (none lost,
+    /// failed, dead or unfinished), and there were some.
+    NoJobLost,
+    /// Jobs started (by their `started_at`) in any window of `w`, for
+    /// each `w` of `windows`, are at most `rate x w + burst`: the backlog
+    /// drains no faster than the tenant's limit allows.
+    JobStartRate {
+        /// The tenant's rate, jobs per second.
+        rate: f64,
+        /// Its burst allowance (a sliding log's `limit`).
+        burst: u64,
+        /// The window lengths.
+        windows: Vec<Duration>,
+    },
+    /// Every accepted job finished by `burst_end + backlog / rate + margin
+    /// + reclaim`, where the backlog is the accepted jobs unfinished at
+    /// `burst_end`.
+    DrainWithin {
+        /// When the submissions stopped, from the start of the load.
+        burst_end: Duration,
+        /// The tenant's rate, jobs per second.
+        rate: f64,
+        /// Slack on the drain.
+        margin: Duration,
+        /// Time for a killed replica's jobs to be taken over (the
+        /// visibility timeout).
+        reclaim: Duration,
+    },
+    /// The replicas alive at the end took over at least `min` jobs a
+    /// killed one held (`levee_jobs_total{outcome="reclaimed"}`), and at
+    /// least `min_rerun` accepted jobs were started twice (running when
+    /// it died, run again elsewhere): the kill did catch jobs in flight.
+    JobsReclaimed {
+        /// Bound on jobs taken over.
+        min: u64,
+        /// Bound on jobs started more than once.
+        min_rerun: usize,
+    },
 }
 
 /// Evaluates one check; `end` is the end of the load.
@@ -162,6 +207,7 @@ pub(super) fn evaluate(
     check: &Check,
     samples: &[Sample],
     polls: &[Poll],
+    jobs: &JobsObserved,
     end: Duration,
 ) -> Assertion {
     match check {
@@ -199,7 +245,7 @@ pub(super) fn evaluate(
         } => check_probes_bounded(polls, *max_probes, *min_opens),
         Check::AllDegraded { from, to } => check_all_degraded(samples, *from, *to),
         Check::Recovers { heal, within, ok } => check_recovers(samples, *heal, *within, ok, end),
-        Check::Tenant { tenant, check } => check_tenant(samples, tenant, check, polls, end),
+        Check::Tenant { tenant, check } => check_tenant(samples, tenant, check, polls, jobs, end),
         Check::LatencyVsUnloaded {
             quantile,
             unloaded,
@@ -212,6 +258,20 @@ pub(super) fn evaluate(
             min_per_s,
             basis,
         } => check_admitted_rate(samples, *from, *to, *min_per_s, basis),
+        Check::JobSubmissions => check_job_submissions(samples),
+        Check::NoJobLost => check_no_job_lost(&jobs.jobs),
+        Check::JobStartRate {
+            rate,
+            burst,
+            windows,
+        } => check_job_start_rate(&jobs.jobs, *rate, *burst, windows),
+        Check::DrainWithin {
+            burst_end,
+            rate,
+            margin,
+            reclaim,
+        } => check_drain_within(&jobs.jobs, *burst_end, *rate, *margin, *reclaim),
+        Check::JobsReclaimed { min, min_rerun } => check_jobs_reclaimed(jobs, *min, *min_rerun),
     }
 }
 
@@ -559,6 +619,7 @@ fn check_tenant(
     tenant: &str,
     check: &Check,
     polls: &[Poll],
+    jobs: &JobsObserved,
     end: Duration,
 ) -> Assertion {
     let theirs: Vec<Sample> = samples
@@ -566,7 +627,7 @@ fn check_tenant(
         .filter(|s| s.tenant.as_deref() == Some(tenant))
         .cloned()
         .collect();
-    let mut assertion = evaluate(check, &theirs, polls, end);
+    let mut assertion = evaluate(check, &theirs, polls, jobs, end);
     assertion.name = format!("{tenant}.{}", assertion.name);
     assertion.expected = format!("{tenant} tenant: {}", assertion.expected);
     if theirs.is_empty() {
@@ -651,6 +712,177 @@ fn check_admitted_rate(
     )
 }
 
+/// [`Check::JobSubmissions`]: 202s with a job id and 429 `queue_full`s,
+/// both, and nothing else.
+fn check_job_submissions(samples: &[Sample]) -> Assertion {
+    let accepted = samples
+        .iter()
+        .filter(|s| status(s) == Some(202) && s.job_id.is_some())
+        .count();
+    let queue_full = samples
+        .iter()
+        .filter(|s| status(s) == Some(429) && s.error_code.as_deref() == Some("queue_full"))
+        .count();
+    let mut others = BTreeMap::<String, usize>::new();
+    for s in samples {
+        let key = match (s.outcome, s.error_code.as_deref()) {
+            (Outcome::Status(202), _) if s.job_id.is_some() => continue,
+            (Outcome::Status(429), Some("queue_full")) => continue,
+            (Outcome::Status(code), Some(err)) => format!("{code} {err}"),
+            (Outcome::Status(code), None) => code.to_string(),
+            (Outcome::Timeout, _) => "timeout".to_owned(),
+            (Outcome::Error, _) => "transport error".to_owned(),
+        };
+        *others.entry(key).or_default() += 1;
+    }
+    let other: usize = others.values().sum();
+    Assertion::new(
+        "job_submissions",
+        "every submission 202 with a job_id or 429 queue_full (no other status, timeout or transport error); some of each".to_owned(),
+        format!(
+            "{accepted} accepted (202), {queue_full} queue_full (429), {other} other {others:?}; {} submitted",
+            samples.len()
+        ),
+        other == 0 && accepted > 0 && queue_full > 0,
+    )
+}
+
+/// [`Check::NoJobLost`]: every accepted job read back `succeeded`.
+fn check_no_job_lost(jobs: &[JobRecord]) -> Assertion {
+    let mut by_status = BTreeMap::<String, usize>::new();
+    for job in jobs {
+        let key = match (&job.status, &job.read_error) {
+            (_, Some(e)) => format!("unreadable ({e})"),
+            (Some(s), None) if job.is_terminal() => s.clone(),
+            (Some(s), None) => format!("unfinished ({s})"),
+            (None, None) => "never read".to_owned(),
+        };
+        *by_status.entry(key).or_default() += 1;
+    }
+    let succeeded = by_status.get("succeeded").copied().unwrap_or(0);
+    let restarted = jobs.iter().filter(|j| j.attempts > 1).count();
+    Assertion::new(
+        "no_job_lost",
+        "every accepted job ends succeeded (0 lost, failed, dead or unfinished)".to_owned(),
+        format!(
+            "{} lost of {} accepted; {by_status:?}; {restarted} started more than once",
+            jobs.len() - succeeded,
+            jobs.len()
+        ),
+        succeeded == jobs.len() && !jobs.is_empty(),
+    )
+}
+
+/// [`Check::JobStartRate`]: the most starts in any window of each length,
+/// against `rate x w + burst`.
+fn check_job_start_rate(
+    jobs: &[JobRecord],
+    rate: f64,
+    burst: u64,
+    windows: &[Duration],
+) -> Assertion {
+    let mut starts: Vec<Duration> = jobs.iter().filter_map(|j| j.started).collect();
+    starts.sort();
+    let mut held = !starts.is_empty();
+    let mut parts = Vec::new();
+    for &w in windows {
+        let bound = rate * w.as_secs_f64() + burst as f64;
+        let most = most_in_window(&starts, w);
+        held &= most as f64 <= bound;
+        parts.push(format!(
+            "{most} in {} (<= {bound:.0}, {:.1}/s)",
+            secs(w),
+            most as f64 / w.as_secs_f64()
+        ));
+    }
+    let sustained = match (starts.first(), starts.last()) {
+        (Some(a), Some(b)) if b > a => format!(
+            "{:.2}/s over {}",
+            (starts.len() - 1) as f64 / (*b - *a).as_secs_f64(),
+            secs(*b - *a)
+        ),
+        _ => "n/a".to_owned(),
+    };
+    Assertion::new(
+        "job_start_rate",
+        format!(
+            "jobs started in any window of w <= {rate} x w + {burst} (limit {rate}/s, burst {burst}), for w in {:?}",
+            windows.iter().map(|w| secs(*w)).collect::<Vec<_>>()
+        ),
+        format!(
+            "most started: {}; sustained {sustained}; {} starts",
+            parts.join(", "),
+            starts.len()
+        ),
+        held,
+    )
+}
+
+/// The most of the sorted `times` in any window `[t, t + w)`.
+fn most_in_window(times: &[Duration], w: Duration) -> usize {
+    let mut most = 0;
+    let mut first = 0;
+    for (last, t) in times.iter().enumerate() {
+        while times[first] + w <= *t {
+            first += 1;
+        }
+        most = most.max(last + 1 - first);
+    }
+    most
+}
+
+/// [`Check::DrainWithin`]: the last finish against `burst_end + backlog /
+/// rate + margin + reclaim`.
+fn check_drain_within(
+    jobs: &[JobRecord],
+    burst_end: Duration,
+    rate: f64,
+    margin: Duration,
+    reclaim: Duration,
+) -> Assertion {
+    let backlog = jobs
+        .iter()
+        .filter(|j| j.finished.is_none_or(|f| f > burst_end))
+        .count();
+    let unfinished = jobs.iter().filter(|j| j.finished.is_none()).count();
+    let allowed = Duration::from_secs_f64(backlog as f64 / rate) + margin + reclaim;
+    let last = jobs.iter().filter_map(|j| j.finished).max();
+    let took = last.map(|l| l.saturating_sub(burst_end));
+    Assertion::new(
+        "drain_within",
+        format!(
+            "every accepted job finished within backlog / {rate}/s + {} + {} (visibility timeout, for the killed replica's jobs) of the burst's end ({})",
+            secs(margin),
+            secs(reclaim),
+            secs(burst_end)
+        ),
+        format!(
+            "backlog {backlog} at the burst's end; drained in {} (bound {}); {unfinished} unfinished",
+            took.map_or("never".to_owned(), secs),
+            secs(allowed)
+        ),
+        unfinished == 0 && !jobs.is_empty() && took.is_some_and(|t| t <= allowed),
+    )
+}
+
+/// [`Check::JobsReclaimed`]: the survivors' `reclaimed` count, and the
+/// accepted jobs with more than one delivery.
+fn check_jobs_reclaimed(jobs: &JobsObserved, min: u64, min_rerun: usize) -> Assertion {
+    let count = |outcome: &str| jobs.counters.get(outcome).copied().unwrap_or(0);
+    let rerun = jobs.jobs.iter().filter(|j| j.attempts > 1).count();
+    Assertion::new(
+        "jobs_reclaimed",
+        format!("the survivors took over >= {min} jobs the killed replica held (levee_jobs_total{{outcome=\"reclaimed\"}}), >= {min_rerun} of them caught running (started twice)"),
+        format!(
+            "{} reclaimed; {rerun} started twice ({} retried); survivors' counters {:?}",
+            count("reclaimed"),
+            count("retried"),
+            jobs.counters
+        ),
+        count("reclaimed") >= min && rerun >= min_rerun,
+    )
+}
+
 /// Whether `s` was sent in `[from, to)`.
 fn in_window(s: &Sample, from: Duration, to: Duration) -> bool {
     s.sent >= from && s.sent < to
@@ -703,6 +935,7 @@ mod tests {
             body_degraded: false,
             error_code: None,
             tenant: Some(tenant.to_owned()),
+            job_id: None,
         }
     }
 
@@ -744,7 +977,10 @@ mod tests {
         scenario
             .checks
             .iter()
-            .map(|c| evaluate(c, samples, &[], scenario.load.duration()))
+            .map(|c| {
+                let jobs = JobsObserved::default();
+                evaluate(c, samples, &[], &jobs, scenario.load.duration())
+            })
             .map(|a| (a.name, a.passed))
             .collect()
     }
@@ -872,5 +1108,206 @@ mod tests {
         assert!(!contrast_fails(&report(true)).passed);
         let not_run = ScenarioReport::failed_to_run(&scenario, &anyhow::anyhow!("no levee"));
         assert!(!contrast_fails(&not_run).passed);
+    }
+
+    /// `burst-absorbed` under the CI profile: the burst is [6 s, 11 s),
+    /// the quiet tenant runs to 22 s.
+    mod burst_absorbed {
+        use super::super::super::{burst_absorbed, JobRecord, JobsObserved, Profile};
+        use super::*;
+
+        const BURST_MS: u64 = 6_000;
+        const BURST_END_MS: u64 = 11_000;
+        const QUIET_END_MS: u64 = 22_000;
+        /// 50 queued when the burst ends, plus 5 a second during it.
+        const ACCEPTED: u64 = 75;
+
+        /// The quiet tenant at 5/s throughout, each answer after `ms`.
+        fn quiet(ms: impl Fn(u64) -> u64) -> Vec<Sample> {
+            (0..QUIET_END_MS / 200)
+                .map(|n| sample("quiet", n * 200, ms(n), Outcome::Status(200)))
+                .collect()
+        }
+
+        /// 200 submissions a second during the burst: the first
+        /// [`ACCEPTED`] 202 with a job id, the rest 429 `queue_full`.
+        fn submissions() -> Vec<Sample> {
+            (0..1000)
+                .map(|n| {
+                    let mut s = sample("noisy", BURST_MS + n * 5, 2, Outcome::Status(202));
+                    if n < ACCEPTED {
+                        s.job_id = Some(format!("job_{n:032x}"));
+                    } else {
+                        s.outcome = Outcome::Status(429);
+                        s.error_code = Some("queue_full".to_owned());
+                    }
+                    s
+                })
+                .collect()
+        }
+
+        /// The jobs as the gateway ran them: `per_s` start together at
+        /// the top of each second from 6.03 s, each done 220 ms later; two
+        /// taken over from the killed replica.
+        fn jobs(per_s: u64) -> JobsObserved {
+            let jobs = (0..ACCEPTED)
+                .map(|n| {
+                    let started =
+                        Duration::from_millis(BURST_MS + 30 + (n / per_s) * 1000 + n % per_s);
+                    JobRecord {
+                        id: format!("job_{n:032x}"),
+                        sent: Duration::from_millis(BURST_MS + n * 5),
+                        replica: (n % 3) as usize,
+                        status: Some("succeeded".to_owned()),
+                        read_error: None,
+                        attempts: 1 + u64::from(n == 20),
+                        started: Some(started),
+                        finished: Some(started + Duration::from_millis(220)),
+                    }
+                })
+                .collect();
+            JobsObserved {
+                jobs,
+                counters: [("reclaimed".to_owned(), 2), ("succeeded".to_owned(), 70)].into(),
+                polled_until: Duration::from_millis(QUIET_END_MS + 500),
+            }
+        }
+
+        fn verdicts(samples: &[Sample], jobs: &JobsObserved) -> Vec<(String, bool)> {
+            let scenario = burst_absorbed(&Profile::CI);
+            assert_eq!(
+                scenario.load.duration(),
+                Duration::from_millis(QUIET_END_MS)
+            );
+            assert_eq!(
+                scenario.fault_window,
+                (
+                    Duration::from_millis(BURST_MS),
+                    Duration::from_millis(BURST_END_MS)
+                )
+            );
+            scenario
+                .checks
+                .iter()
+                .map(|c| evaluate(c, samples, &[], jobs, scenario.load.duration()))
+                .map(|a| (a.name, a.passed))
+                .collect()
+        }
+
+        fn calm() -> Vec<Sample> {
+            merged(quiet(|n| 210 + n % 9), submissions())
+        }
+
+        #[test]
+        fn burst_absorbed_checks_pass_when_the_backlog_drains_at_the_tenants_rate() {
+            // 5 a second: the 50 left at 11 s are done by 21.3 s, inside
+            // 50 / 5 + 2 + 3 = 15 s of the burst's end.
+            let verdicts = verdicts(&calm(), &jobs(5));
+            assert_eq!(verdicts.len(), 8);
+            assert_eq!(failed(&verdicts), Vec::<&str>::new(), "{verdicts:?}");
+        }
+
+        #[test]
+        fn job_start_rate_fails_when_jobs_start_faster_than_the_limit_allows() {
+            // 11 a second is one more than 5 x 1 s + 5 in some second.
+            let v = verdicts(&calm(), &jobs(11));
+            assert_eq!(failed(&v), ["job_start_rate"], "{v:?}");
+        }
+
+        #[test]
+        fn drain_within_fails_when_the_backlog_drains_slower_than_the_rate() {
+            // 3 a second: 50 / 3 = 16.7 s, past the 15 s bound.
+            let v = verdicts(&calm(), &jobs(3));
+            assert_eq!(failed(&v), ["drain_within"], "{v:?}");
+        }
+
+        #[test]
+        fn no_job_lost_fails_when_an_accepted_job_is_dead_unfinished_or_gone() {
+            for (status, error) in [
+                (Some("dead"), None),
+                (Some("queued"), None),
+                (None, Some("404")),
+            ] {
+                let mut jobs = jobs(5);
+                jobs.jobs[40].status = status.map(str::to_owned);
+                jobs.jobs[40].read_error = error.map(str::to_owned);
+                if status != Some("dead") {
+                    jobs.jobs[40].finished = None;
+                }
+                let v = verdicts(&calm(), &jobs);
+                let expected: &[&str] = match status {
+                    Some("dead") => &["no_job_lost"],
+                    _ => &["no_job_lost", "drain_within"],
+                };
+                assert_eq!(failed(&v), expected, "{status:?} {error:?}: {v:?}");
+            }
+        }
+
+        #[test]
+        fn job_submissions_fail_on_any_answer_but_202_or_queue_full() {
+            for (outcome, code) in [
+                (Outcome::Status(503), Some("dependency_unavailable")),
+                (Outcome::Status(429), Some("rate_limited")),
+                (Outcome::Timeout, None),
+                (Outcome::Error, None),
+            ] {
+                let mut samples = calm();
+                let late = samples
+                    .iter_mut()
+                    .rfind(|s| s.tenant.as_deref() == Some("noisy"))
+                    .expect("noisy submissions");
+                late.outcome = outcome;
+                late.error_code = code.map(str::to_owned);
+                let v = verdicts(&samples, &jobs(5));
+                assert_eq!(failed(&v), ["noisy.job_submissions"], "{outcome:?}: {v:?}");
+            }
+        }
+
+        #[test]
+        fn jobs_reclaimed_fails_when_the_kill_caught_no_job_running() {
+            // Nothing taken over at all.
+            let mut none_left = jobs(5);
+            none_left.counters.remove("reclaimed");
+            let v = verdicts(&calm(), &none_left);
+            assert_eq!(failed(&v), ["jobs_reclaimed"], "{v:?}");
+            // Only a job it held, not one it was running.
+            let mut held_only = jobs(5);
+            held_only.jobs.iter_mut().for_each(|j| j.attempts = 1);
+            let v = verdicts(&calm(), &held_only);
+            assert_eq!(failed(&v), ["jobs_reclaimed"], "{v:?}");
+        }
+
+        #[test]
+        fn quiet_tenant_checks_fail_when_the_drain_slows_its_chat() {
+            // Every quiet answer from the burst on 60 ms slower: p50 is
+            // past +15 ms, p99 past 2 slots (2 x 200 ms / 8 = 50 ms).
+            let slow = quiet(|n| {
+                if n * 200 >= BURST_MS {
+                    270
+                } else {
+                    210 + n % 9
+                }
+            });
+            let v = verdicts(&merged(slow, submissions()), &jobs(5));
+            assert_eq!(
+                failed(&v),
+                ["quiet.p50_vs_unloaded", "quiet.p99_vs_unloaded"],
+                "{v:?}"
+            );
+        }
+
+        #[test]
+        fn most_in_window_counts_a_half_open_window() {
+            let t = |ms: &[u64]| {
+                ms.iter()
+                    .map(|&m| Duration::from_millis(m))
+                    .collect::<Vec<_>>()
+            };
+            let w = Duration::from_secs(1);
+            assert_eq!(most_in_window(&t(&[]), w), 0);
+            // 0 and 1000 are not in one [t, t + 1 s).
+            assert_eq!(most_in_window(&t(&[0, 500, 999, 1000]), w), 3);
+            assert_eq!(most_in_window(&t(&[0, 1000, 1001, 1999, 2500]), w), 3);
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The runner: starts the processes a scenario needs, drives its load,
-//! applies its fault schedule, polls the breaker and the simulator, and
-//! hands the samples to the checks. Kept apart from the catalogue and the
-//! checks because it is the only part that touches real processes.
+//! applies its fault schedule, polls the breaker and the simulator, reads
+//! back the jobs the load submitted (`jobs`), and hands it all to the
+//! checks. Kept apart from the catalogue and the checks because it is,
+//! with `jobs`, the only part that touches real processes.
 //!
 //! A scenario with a contrast runs twice, each time on fresh processes:
 //! the contrast first, then the main run, whose report carries the
@@ -18,8 +19,9 @@ use tokio::time::Instant;
 use super::super::load::{self, Sample, Targets};
 use super::super::procs::{signal, LeveeEnv, LeveeProc, RedisProc, SimProc, ADMIN_TOKEN};
 use super::super::proxy::FaultProxy;
-use super::super::report::{Assertion, ScenarioReport};
+use super::super::report::{Assertion, Event, JobsSummary, ScenarioReport};
 use super::checks::{contrast_fails, evaluate};
+use super::jobs::{counter_sum, poll_jobs, unix_ms, JobsObserved};
 use super::{ms, Action, Scenario};
 
 /// How often the breaker state and the simulator's counters are polled.
@@ -59,30 +61,50 @@ struct World {
 /// Runs `scenario` against real processes and evaluates its checks; with
 /// a contrast, runs that first and reports it beside the main run.
 pub async fn execute(scenario: &Scenario, bins: &Binaries) -> anyhow::Result<ScenarioReport> {
+    if scenario.name == super::cluster::NAME {
+        return super::cluster::execute(scenario, bins).await;
+    }
     let Some(spec) = &scenario.contrast else {
-        let (samples, assertions) = run_once(scenario, &scenario.config, bins).await?;
-        return Ok(ScenarioReport::new(scenario, &samples, assertions));
+        return Ok(run_once(scenario, &scenario.config, bins)
+            .await?
+            .report(scenario));
     };
     let mut contrast = match run_once(scenario, &spec.config, bins).await {
-        Ok((samples, assertions)) => ScenarioReport::new(scenario, &samples, assertions),
+        Ok(run) => run.report(scenario),
         Err(e) => ScenarioReport::failed_to_run(scenario, &e),
     };
     contrast.variant = Some(spec.label.to_owned());
-    let (samples, mut assertions) = run_once(scenario, &scenario.config, bins).await?;
-    assertions.push(contrast_fails(&contrast));
-    let mut report = ScenarioReport::new(scenario, &samples, assertions);
+    let mut run = run_once(scenario, &scenario.config, bins).await?;
+    run.assertions.push(contrast_fails(&contrast));
+    let mut report = run.report(scenario);
     report.variant = Some(spec.main_label.to_owned());
     report.contrast = Some(Box::new(contrast));
     Ok(report)
 }
 
+/// What one run observed, and its evaluated checks.
+struct Run {
+    samples: Vec<Sample>,
+    jobs: Option<JobsObserved>,
+    events: Vec<Event>,
+    assertions: Vec<Assertion>,
+}
+
+impl Run {
+    fn report(self, scenario: &Scenario) -> ScenarioReport {
+        let mut report = ScenarioReport::new(scenario, &self.samples, self.assertions);
+        report.events = self.events;
+        if let (Some(drain), Some(jobs)) = (&scenario.jobs, &self.jobs) {
+            report.jobs = Some(JobsSummary::new(drain.tenant, &self.samples, jobs));
+        }
+        report
+    }
+}
+
 /// One run of `scenario` with levee on `config`: fresh processes, the
-/// load, the schedule; its samples and evaluated checks.
-async fn run_once(
-    scenario: &Scenario,
-    config: &str,
-    bins: &Binaries,
-) -> anyhow::Result<(Vec<Sample>, Vec<Assertion>)> {
+/// load, the schedule, the jobs read back; its samples, jobs and
+/// evaluated checks.
+async fn run_once(scenario: &Scenario, config: &str, bins: &Binaries) -> anyhow::Result<Run> {
     let redis = RedisProc::start().await?;
     let sim = SimProc::start(&bins.sim, scenario.sim).await?;
     let redis_proxy = match scenario.redis_proxy {
@@ -119,6 +141,7 @@ async fn run_once(
     };
 
     let start = Instant::now() + ms(100);
+    let epoch_ms = unix_ms() + 100;
     let load = tokio::spawn(load::run(
         scenario.load.clone(),
         world.targets.clone(),
@@ -131,23 +154,38 @@ async fn run_once(
         start,
         stop_rx,
     ));
+    let mut events = Vec::new();
     for step in &scenario.schedule {
         tokio::time::sleep_until(start + step.at).await;
         apply(&mut world, &step.action, config, bins)
             .await
             .with_context(|| format!("{}: {:?}", scenario.name, step.action))?;
+        events.push(Event {
+            t_s: start.elapsed().as_secs_f64(),
+            action: format!("{:?}", step.action),
+        });
     }
     let samples = load.await.context("load task")?;
     let _ = stop_tx.send(true);
     let polls = poller.await.context("poll task")?;
+    let jobs = match &scenario.jobs {
+        Some(drain) => Some(poll_jobs(drain, &samples, &world.targets, start, epoch_ms).await),
+        None => None,
+    };
     let end = scenario.load.duration();
+    let observed = jobs.clone().unwrap_or_default();
     let assertions = scenario
         .checks
         .iter()
-        .map(|c| evaluate(c, &samples, &polls, end))
+        .map(|c| evaluate(c, &samples, &polls, &observed, end))
         .collect();
     drop(world);
-    Ok((samples, assertions))
+    Ok(Run {
+        samples,
+        jobs,
+        events,
+        assertions,
+    })
 }
 
 /// Applies one fault (or heal) action to the processes of the run;
@@ -200,6 +238,20 @@ async fn apply(
                 resp.status()
             );
         }
+        Action::Unroute(i) => world.targets.remove(*i),
+        Action::KillReplicaMidCall {
+            replica,
+            tenant,
+            within,
+        } => {
+            world.targets.remove(*replica);
+            let levee = world
+                .replicas
+                .get_mut(*replica)
+                .context("no such replica")?;
+            wait_for_llm_dispatch(&levee.url(), tenant, *within).await;
+            levee.kill();
+        }
         Action::KillReplica(i) => {
             world.targets.remove(*i);
             world
@@ -215,6 +267,47 @@ async fn apply(
         }
     }
     Ok(())
+}
+
+/// Returns once the replica at `levee` gives one of `tenant`'s requests
+/// an LLM slot (`levee_fair_queue_dispatched_total{dependency="llm"}`
+/// rises between two reads of its `/metrics`, 10 ms apart), or after
+/// `within`.
+async fn wait_for_llm_dispatch(levee: &str, tenant: &str, within: Duration) {
+    let Ok(client) = reqwest::Client::builder().timeout(ms(500)).build() else {
+        return;
+    };
+    let labels = [
+        r#"dependency="llm""#.to_owned(),
+        format!(r#"tenant="{tenant}""#),
+    ];
+    let read = || async {
+        let text = client
+            .get(format!("{levee}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        Some(counter_sum(
+            &text,
+            "levee_fair_queue_dispatched_total",
+            &labels,
+        ))
+    };
+    let deadline = Instant::now() + within;
+    let mut before = read().await;
+    while Instant::now() < deadline {
+        tokio::time::sleep(ms(10)).await;
+        let now = read().await;
+        if let (Some(a), Some(b)) = (before, now) {
+            if b > a {
+                return;
+            }
+        }
+        before = now.or(before);
+    }
 }
 
 /// Polls the LLM breaker (replica `levee`) and the simulator's chat

@@ -9,8 +9,10 @@
 //! - `execute`: [`execute`], which starts the processes, drives the load
 //!   and the fault schedule and polls the breaker ([`Binaries`], [`Poll`]).
 //! - `checks`: [`Check`] and its evaluation, one function per kind.
+//! - `jobs`: after the load, the accepted jobs read back until terminal
+//!   ([`JobsDrain`], [`JobRecord`], [`JobsObserved`]).
 //!
-//! This file holds the types all three share ([`Scenario`], [`Contrast`],
+//! This file holds the types they all share ([`Scenario`], [`Contrast`],
 //! [`Step`], [`Action`]); every public item stays reachable as
 //! `scenario::Item`.
 
@@ -24,15 +26,18 @@ use crate::sim::LlmCapacity;
 
 mod catalogue;
 mod checks;
+mod cluster;
 mod execute;
+mod jobs;
 
 pub use catalogue::{
-    by_name, llm_flapping, llm_hang, llm_killed, llm_slow, noisy_neighbour, noisy_neighbour_config,
-    redis_frozen, redis_killed_fail_closed, redis_killed_fail_open, redis_slow, replica_killed,
-    vector_store_down, Profile, NAMES,
+    burst_absorbed, burst_absorbed_config, by_name, llm_flapping, llm_hang, llm_killed, llm_slow,
+    noisy_neighbour, noisy_neighbour_config, redis_frozen, redis_killed_fail_closed,
+    redis_killed_fail_open, redis_slow, replica_killed, vector_store_down, Profile, NAMES,
 };
 pub use checks::Check;
 pub use execute::{execute, Binaries, Poll};
+pub use jobs::{JobRecord, JobsDrain, JobsObserved};
 
 /// One fault (or heal) action.
 #[derive(Debug, Clone)]
@@ -57,6 +62,24 @@ pub enum Action {
     SimFaults(Value),
     /// Take replica N out of rotation and SIGKILL it.
     KillReplica(usize),
+    /// Take replica `replica` out of rotation (if still in) and SIGKILL it
+    /// as soon as it gives one of `tenant`'s requests an LLM slot (its
+    /// `levee_fair_queue_dispatched_total{dependency="llm"}` for the tenant
+    /// rises), so it dies with that call in flight; after `within` without
+    /// one, SIGKILL it anyway.
+    KillReplicaMidCall {
+        /// The replica.
+        replica: usize,
+        /// Whose call it waits for.
+        tenant: &'static str,
+        /// The longest wait.
+        within: Duration,
+    },
+    /// Take replica N out of rotation and leave it running: a load
+    /// balancer draining it, so that no request is in flight to it when a
+    /// later [`Action::KillReplicaMidCall`] kills it (its job workers keep
+    /// going).
+    Unroute(usize),
     /// Start a new replica with the same config and add it to rotation.
     AddReplica,
 }
@@ -98,6 +121,8 @@ pub struct Scenario {
     pub sim: LlmCapacity,
     /// A second run with one setting changed, reported beside this one.
     pub contrast: Option<Contrast>,
+    /// Jobs to read back after the load, for the job checks.
+    pub jobs: Option<JobsDrain>,
 }
 
 /// A run of the same scenario with one setting turned off, run first and
