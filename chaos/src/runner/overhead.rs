@@ -272,15 +272,11 @@ pub async fn run(client: &reqwest::Client, spec: &RunSpec) -> anyhow::Result<Run
                     };
                     one(&client, &endpoint, body, mode, due, &examples).await
                 };
-                let (outcome, ttft) = match tokio::time::timeout(
-                    timeout + Duration::from_secs(1),
-                    request,
-                )
-                .await
-                {
-                    Ok(result) => result,
-                    Err(_) => (Outcome::Timeout, None),
-                };
+                let (outcome, ttft) =
+                    match tokio::time::timeout(timeout + Duration::from_secs(1), request).await {
+                        Ok(result) => result,
+                        Err(_) => (Outcome::Timeout, None),
+                    };
                 let now = Instant::now();
                 Sample {
                     latency: now.saturating_duration_since(due),
