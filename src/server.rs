@@ -47,12 +47,26 @@ pub async fn build(
     ))
 }
 
+/// Pending connections the kernel may hold for `accept`.
+const LISTEN_BACKLOG: u32 = 4096;
+
 /// Binds the configured address.
 pub async fn bind(config: &Config) -> Result<TcpListener, StartError> {
     let addr = config.server.listen_addr()?;
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, source })
+    let bind = || -> std::io::Result<TcpListener> {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        // The std default backlog (128) drops SYNs when a few hundred
+        // clients reconnect at once; each dropped SYN costs its client a
+        // 1 s retransmit. The kernel caps this at `net.core.somaxconn`.
+        socket.listen(LISTEN_BACKLOG)
+    };
+    bind().map_err(|source| StartError::Bind { addr, source })
 }
 
 /// Serves until `shutdown` completes, then stops accepting, marks the

@@ -154,7 +154,11 @@ async fn enqueue(
         Err(e) => return Err(e.into()),
     };
     let id = match submitted {
-        Submitted::Queued(id) | Submitted::Existing(id) => id,
+        Submitted::Queued(id) => {
+            workers.submitted(tenant);
+            id
+        }
+        Submitted::Existing(id) => id,
         Submitted::Full => {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,

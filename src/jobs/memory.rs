@@ -32,6 +32,8 @@ struct Tenant {
     pending: HashMap<String, (String, Instant)>,
     jobs: HashMap<String, Record>,
     idempotency: HashMap<String, String>,
+    /// When finished jobs past their TTL were last dropped.
+    swept: Option<Instant>,
 }
 
 /// Jobs in this process's memory.
@@ -65,9 +67,24 @@ impl InProcessJobStore {
     }
 }
 
+/// Drops finished jobs past their TTL, at most once a second: a sweep
+/// walks every record, and a submission or a poll must not.
 fn expire(t: &mut Tenant) {
     let now = Instant::now();
+    if t.swept
+        .is_some_and(|s| now.duration_since(s) < Duration::from_secs(1))
+    {
+        return;
+    }
+    t.swept = Some(now);
     t.jobs.retain(|_, r| r.expires.is_none_or(|e| e > now));
+    let jobs = &t.jobs;
+    t.idempotency.retain(|_, id| jobs.contains_key(id));
+}
+
+/// Whether a record is past its TTL (for reads between sweeps).
+fn live(r: &Record) -> bool {
+    r.expires.is_none_or(|e| e > Instant::now())
 }
 
 #[async_trait]
@@ -86,7 +103,7 @@ impl JobStore for InProcessJobStore {
         expire(t);
         if let Some(key) = &job.idempotency_key {
             if let Some(id) = t.idempotency.get(key) {
-                if t.jobs.contains_key(id) {
+                if t.jobs.get(id).is_some_and(live) {
                     return Ok(Submitted::Existing(id.clone()));
                 }
             }
@@ -121,7 +138,7 @@ impl JobStore for InProcessJobStore {
             return Ok(None);
         };
         expire(t);
-        Ok(t.jobs.get(id).map(|r| JobView {
+        Ok(t.jobs.get(id).filter(|r| live(r)).map(|r| JobView {
             job_id: id.to_owned(),
             status: r.status,
             result: r

@@ -61,6 +61,12 @@ pub struct Workers {
     metrics: Option<JobMetrics>,
     consumer: String,
     http: reqwest::Client,
+    /// Tenants this replica queued a job for since the dispatcher last
+    /// looked, and the signal that wakes it: an idle queue answers a new
+    /// job at once instead of after the poll interval (other replicas
+    /// still find it by polling).
+    fresh: std::sync::Mutex<Vec<String>>,
+    wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Workers {
@@ -80,6 +86,17 @@ struct Turn {
     held: std::collections::VecDeque<Delivery>,
     /// When the held jobs' visibility clocks were last restarted.
     touched: Instant,
+}
+
+impl Turn {
+    fn new(tenant: String) -> Self {
+        Self {
+            tenant,
+            not_before: Instant::now(),
+            held: std::collections::VecDeque::new(),
+            touched: Instant::now(),
+        }
+    }
 }
 
 impl Workers {
@@ -104,6 +121,8 @@ impl Workers {
             metrics: None,
             consumer: format!("levee-{:016x}", rand::random::<u64>()),
             http,
+            fresh: std::sync::Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -119,6 +138,48 @@ impl Workers {
         &self.store
     }
 
+    /// Tells the dispatcher `tenant` has a new job.
+    pub fn submitted(&self, tenant: &str) {
+        if let Ok(mut fresh) = self.fresh.lock() {
+            if !fresh.iter().any(|t| t == tenant) {
+                fresh.push(tenant.to_owned());
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Gives the tenants with new jobs their turn now (adding ones this
+    /// replica has not seen yet).
+    fn take_fresh(&self, turns: &mut Vec<Turn>, schedule: &mut Vec<usize>) {
+        let fresh = match self.fresh.lock() {
+            Ok(mut f) => std::mem::take(&mut *f),
+            Err(_) => return,
+        };
+        let mut added = false;
+        for tenant in fresh {
+            match turns.iter_mut().find(|t| t.tenant == tenant) {
+                // Not one waiting for its limiter: that wait stands.
+                Some(t) if t.held.is_empty() => t.not_before = t.not_before.min(Instant::now()),
+                Some(_) => {}
+                None => {
+                    turns.push(Turn::new(tenant));
+                    added = true;
+                }
+            }
+        }
+        if added {
+            self.rebuild(turns, schedule);
+        }
+    }
+
+    fn rebuild(&self, turns: &[Turn], schedule: &mut Vec<usize>) {
+        schedule.clear();
+        for (i, t) in turns.iter().enumerate() {
+            let weight = self.policies.get(&t.tenant).weight().clamp(1, 100);
+            schedule.extend(std::iter::repeat_n(i, weight as usize));
+        }
+    }
+
     /// Runs until `stop` turns true, then drains within `grace`.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>, grace: Duration) {
         let slots = Arc::new(Semaphore::new(self.config.workers));
@@ -132,6 +193,7 @@ impl Workers {
             if *stop.borrow() {
                 break;
             }
+            self.take_fresh(&mut turns, &mut schedule);
             let now = Instant::now();
             if refreshed.is_none_or(|r| now.duration_since(r) >= Duration::from_secs(1)) {
                 refreshed = Some(now);
@@ -153,6 +215,7 @@ impl Workers {
                     .min(now + poll.max(Duration::from_millis(200)));
                 tokio::select! {
                     () = tokio::time::sleep_until(wake) => {}
+                    () = self.wake.notified() => {}
                     _ = stop.changed() => {}
                 }
                 continue;
@@ -167,6 +230,8 @@ impl Workers {
                 None => match self.store.next(&turn.tenant, &self.consumer).await {
                     Ok(Some(d)) => d,
                     Ok(None) => {
+                        // A job queued here meanwhile (`submitted`) gives the
+                        // tenant its turn back at once.
                         turn.not_before = Instant::now() + poll;
                         continue;
                     }
@@ -219,19 +284,10 @@ impl Workers {
         };
         for tenant in tenants {
             if !turns.iter().any(|t| t.tenant == tenant) {
-                turns.push(Turn {
-                    tenant,
-                    not_before: Instant::now(),
-                    held: std::collections::VecDeque::new(),
-                    touched: Instant::now(),
-                });
+                turns.push(Turn::new(tenant));
             }
         }
-        schedule.clear();
-        for (i, t) in turns.iter().enumerate() {
-            let weight = self.policies.get(&t.tenant).weight().clamp(1, 100);
-            schedule.extend(std::iter::repeat_n(i, weight as usize));
-        }
+        self.rebuild(turns, schedule);
         if let Some(m) = &self.metrics {
             for t in turns.iter() {
                 if let Ok((depth, oldest)) = self.store.depth(&t.tenant).await {
