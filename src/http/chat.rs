@@ -24,7 +24,7 @@ pub(super) async fn chat_or_job(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if super::jobs::prefers_async(&headers) {
+    if crate::ratelimit::prefers_async(&headers) {
         let identity = identity.as_ref().map(|Extension(i)| i);
         return super::jobs::submit_preferred(&state, identity, &headers, body).await;
     }
@@ -52,20 +52,7 @@ pub(super) async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Failure> {
     check_content_type(headers)?;
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!(
-                    "request body is larger than the {} byte limit",
-                    state.max_body_bytes
-                ),
-            )
-        } else {
-            ApiError::new(rejection.status(), "bad_request", rejection.body_text())
-        }
-    })?;
+    let body = body.map_err(|r| ApiError::body_rejected(&r, state.max_body_bytes))?;
     let mut request = parse(&body)?;
     validate(&request, state.max_message_bytes)?;
     // A keyed caller's tenant is the key's, whatever the body claims.

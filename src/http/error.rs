@@ -83,6 +83,23 @@ impl ApiError {
         self
     }
 
+    /// The body could not be read: 413 over `limit` bytes, else the
+    /// extractor's own status.
+    pub fn body_rejected(
+        rejection: &axum::extract::rejection::BytesRejection,
+        limit: usize,
+    ) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body is larger than the {limit} byte limit"),
+            )
+        } else {
+            Self::new(rejection.status(), "bad_request", rejection.body_text())
+        }
+    }
+
     /// 400: the body is not JSON.
     pub fn malformed_json(detail: impl std::fmt::Display) -> Self {
         Self::new(

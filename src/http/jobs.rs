@@ -22,11 +22,6 @@ pub(super) const CALLBACK_HEADER: &str = "callback-url";
 /// Longest accepted `Idempotency-Key`.
 const MAX_IDEMPOTENCY_KEY: usize = 256;
 
-/// Whether a request's `Prefer` asks for `respond-async`.
-pub(super) fn prefers_async(headers: &HeaderMap) -> bool {
-    crate::ratelimit::prefers_async(headers)
-}
-
 /// `POST /v1/jobs`.
 pub(super) async fn submit(
     State(state): State<AppState>,
@@ -103,7 +98,7 @@ async fn enqueue(
         )
     })?;
     super::chat::check_content_type(headers)?;
-    let body = body.map_err(|r| super::openai::body_error(&r, state.max_body_bytes))?;
+    let body = body.map_err(|r| ApiError::body_rejected(&r, state.max_body_bytes))?;
     // The same checks as a synchronous chat: a bad body is refused now,
     // never queued.
     let request = super::chat::parse(&body)?;

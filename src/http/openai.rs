@@ -92,7 +92,7 @@ async fn forward(
 ) -> Result<Response, OpenAiFailure> {
     let arrived = Instant::now();
     check_content_type(headers)?;
-    let body = body.map_err(|rejection| body_error(&rejection, state.max_body_bytes))?;
+    let body = body.map_err(|r| ApiError::body_rejected(&r, state.max_body_bytes))?;
     let request = match operation {
         Operation::Chat => ApiRequest::chat(body)?,
         Operation::Embeddings => ApiRequest::embeddings(body)?,
@@ -138,18 +138,6 @@ async fn forward(
         settle(&reserved, Some(used)).await;
     }
     Ok(respond(reply))
-}
-
-pub(super) fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("request body is larger than the {limit} byte limit"),
-        )
-    } else {
-        ApiError::new(rejection.status(), "bad_request", rejection.body_text())
-    }
 }
 
 fn respond(reply: Reply) -> Response {

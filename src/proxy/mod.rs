@@ -46,8 +46,9 @@ use metrics::CallOutcome;
 use relay::Origin;
 
 use crate::fairness::{FairQueue, QueuePolicies};
-use crate::resilience::{DeadlineExceeded, DependencyStack};
+use crate::resilience::DependencyStack;
 use crate::telemetry::propagation;
+use crate::upstream::fair::{admit, within};
 use crate::upstream::{Dependency, UpstreamError, UpstreamErrorKind, Usage};
 
 /// The metrics label of the model when `llm.url` serves every name.
@@ -348,24 +349,8 @@ impl Proxy {
         let mut permit = match &model.queue {
             Some(queue) => {
                 let policy = self.policies.get(tenant);
-                let span = tracing::info_span!(
-                    target: "levee::fairness",
-                    "fair_queue",
-                    otel.name = "fair_queue.wait",
-                    otel.kind = "internal",
-                    levee.dependency = "llm",
-                    levee.fair_queue.cost = estimate,
-                );
-                let permit = queue
-                    .acquire(tenant, policy, estimate, Some(deadline))
-                    .instrument(span)
-                    .await
-                    .map_err(|source| UpstreamError {
-                        dependency: Dependency::Llm,
-                        kind: UpstreamErrorKind::NotAdmitted,
-                        source: Some(source),
-                    })?;
-                Some(permit)
+                let dependency = Dependency::Llm;
+                Some(admit(queue, policy, tenant, estimate, deadline, dependency).await?)
             }
             None => None,
         };
@@ -385,17 +370,7 @@ impl Proxy {
                 headers: span.in_scope(trace_headers),
             };
             let attempt = d.call(call).instrument(span.clone());
-            let result = match tokio::time::timeout_at(deadline, attempt).await {
-                Ok(r) => r,
-                Err(_) => Err(UpstreamError {
-                    dependency: Dependency::Llm,
-                    kind: UpstreamErrorKind::Timeout,
-                    source: Some(Box::new(DeadlineExceeded {
-                        dependency: "llm",
-                        after: self.deadline,
-                    })),
-                }),
-            };
+            let result = within(deadline, self.deadline, Dependency::Llm, attempt).await;
             match result {
                 Ok(Forwarded::Full {
                     status,

@@ -18,6 +18,7 @@ use serde::Serialize;
 pub mod config;
 mod error;
 mod extractive;
+pub mod fair;
 mod local;
 mod metrics;
 mod openai;
