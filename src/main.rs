@@ -107,5 +107,7 @@ async fn run(config: Config) -> Result<(), server::StartError> {
     tracing::info!(%addr, llm = state.pipeline.synthesizer().kind(),
         vector_store = state.pipeline.retriever().kind(),
         memory = state.pipeline.memory().kind(), "levee listening");
+    // SIGHUP re-reads the config file (as `POST /admin/reload` does).
+    tokio::spawn(state.reloader.clone().on_hangup());
     server::serve(listener, state, &config, server::shutdown_signal()).await
 }

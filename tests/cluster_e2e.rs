@@ -599,8 +599,8 @@ limits = [{ limit = 100000, window = "1m" }]
                 raw.clone(),
                 ip.clone(),
                 60,
-                format!("levee:rl:sl:{{key:{id}}}:1m:60"),
-                format!("levee:rl:sl:{{ip:{ip}}}:1m:100"),
+                format!("levee:rl:sl:{{key:{id}}}:1m"),
+                format!("levee:rl:sl:{{ip:{ip}}}:1m"),
             )
         })
         .collect();
@@ -609,8 +609,8 @@ limits = [{ limit = 100000, window = "1m" }]
         "xs_key_big".into(),
         "198.51.100.2".into(),
         100,
-        "levee:rl:sl:{ip:198.51.100.2}:1m:100".into(),
-        "levee:rl:sl:{key:xs-keybig}:1m:100000".into(),
+        "levee:rl:sl:{ip:198.51.100.2}:1m".into(),
+        "levee:rl:sl:{key:xs-keybig}:1m".into(),
     ));
     let lazy = LazyCluster::new(&cluster.seed_urls(), Duration::from_secs(2)).expect("cluster");
     let mut conn = RedisConn::Cluster(lazy);

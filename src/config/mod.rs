@@ -73,6 +73,10 @@ pub struct Config {
     pub fairness: FairnessConfig,
     /// `[jobs]`: durable per-tenant job queues.
     pub jobs: crate::jobs::JobsConfig,
+    /// The file this config was read from (`None`: embedded defaults):
+    /// what a live reload re-reads. Not a setting.
+    #[serde(skip)]
+    pub source: Option<std::path::PathBuf>,
 }
 
 /// HTTP listener and request handling.
@@ -217,12 +221,28 @@ impl Config {
         path: Option<&Path>,
         vars: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut config = match path {
-            Some(path) => Self::from_file(path)?,
-            None => Self::default(),
+        let Some(path) = path else {
+            let mut config = Self::default();
+            apply_env(&mut config, vars)?;
+            config.validate()?;
+            return Ok(config);
         };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::io(path.display().to_string(), e.to_string()))?;
+        Self::load_text(&text, path, vars)
+    }
+
+    /// [`Config::load`] for the text of the file at `path` (already read:
+    /// a live reload hashes the same bytes it parses).
+    pub fn load_text(
+        text: &str,
+        path: &Path,
+        vars: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = Self::from_toml(text)?;
         apply_env(&mut config, vars)?;
         config.validate()?;
+        config.source = Some(path.to_path_buf());
         Ok(config)
     }
 

@@ -1,6 +1,9 @@
-//! The admin API: `GET /admin/breakers` and
+//! The admin API: `GET /admin/breakers`,
 //! `POST /admin/breakers/{dependency}/{force_open|force_closed|reset}`,
-//! behind a bearer token read from the environment (`admin.token_env`).
+//! `POST /admin/reload` (re-read the config file) and `GET /admin/config`
+//! (the loaded file's hash and load time, the running config without
+//! secrets), behind a bearer token read from the environment
+//! (`admin.token_env`).
 //! With no token configured the admin API does not exist (404).
 
 use axum::extract::{Path, State};
@@ -11,6 +14,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::{ApiError, AppState};
+use crate::wiring::ReloadError;
 
 /// Compares digests, so the comparison takes the same time whatever the
 /// guess.
@@ -78,4 +82,39 @@ pub(super) async fn act(
     }
     tracing::warn!(dependency, action, "breaker changed by the admin API");
     Json(json!({ "breaker": breaker.snapshot() })).into_response()
+}
+
+/// `POST /admin/reload`: re-reads the config file and applies what can
+/// change live. 200 with what changed; 422 `config_invalid` naming the key
+/// and value when the file is refused (nothing changed); 409
+/// `no_config_file` on embedded defaults.
+pub(super) async fn reload(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorized(&state, &headers) {
+        return e.into_response();
+    }
+    let reloader = state.reloader.clone();
+    match tokio::task::spawn_blocking(move || reloader.reload()).await {
+        Ok(Ok(done)) => Json(json!({ "status": "reloaded", "reload": done })).into_response(),
+        Ok(Err(e)) => {
+            let (status, code) = match &e {
+                ReloadError::NoSource => (StatusCode::CONFLICT, "no_config_file"),
+                ReloadError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "config_invalid"),
+            };
+            ApiError::new(status, code, e.to_string()).into_response()
+        }
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("reload task failed: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+/// `GET /admin/config`.
+pub(super) async fn config(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    match authorized(&state, &headers) {
+        Ok(()) => Json(state.reloader.view()).into_response(),
+        Err(e) => e.into_response(),
+    }
 }

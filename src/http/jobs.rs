@@ -3,7 +3,7 @@
 //! a synchronous chat is (a bad body is 422 and never queued), then
 //! written to the job store; 202 comes only after the store has it. Jobs
 //! need an API key: a job belongs to its key's tenant, and only that
-//! tenant can read it (anyone else gets 404).
+//! tenant can read it (another key gets 404, no key 401).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -62,8 +62,17 @@ pub(super) async fn show(
         )
         .into_response()
     };
-    let (Some(workers), Some(tenant)) = (&state.jobs, tenant) else {
+    let Some(workers) = &state.jobs else {
         return not_found();
+    };
+    // Like a submission: without a key there is no tenant to look in.
+    let Some(tenant) = tenant else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "reading a job needs the API key it was submitted with",
+        )
+        .into_response();
     };
     if !valid_id(&id) {
         return not_found();
@@ -130,12 +139,7 @@ async fn enqueue(
         enqueued_at: now_ms(),
     };
     let tenant = key.tenant.as_str();
-    let max = state
-        .job_limits
-        .0
-        .get(tenant)
-        .copied()
-        .unwrap_or(state.job_limits.1);
+    let max = state.job_limits.get(tenant);
     let submitted = match workers.store().submit(job, max).await {
         Ok(s) => s,
         // RFC 7240 lets a server ignore a preference: under a fail-open

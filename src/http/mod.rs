@@ -27,13 +27,13 @@ pub use error::{
 use crate::config::Config;
 use crate::health::{DependencyHealth, DependencyState};
 use crate::identity::{IdentityLayer, OnRefusal, Resolver};
-use crate::jobs::Workers;
+use crate::jobs::{QueueLimits, Workers};
 use crate::proxy::Proxy;
 use crate::rag::Pipeline;
 use crate::ratelimit::{Limiter, RateLimitLayer};
 use crate::telemetry::{Metrics, TraceLayer};
 use crate::upstream::Dependency;
-use crate::wiring::{Breakers, Gateway};
+use crate::wiring::{Breakers, Gateway, Reloader};
 
 /// What handlers share: one `Arc`, so the per-request clone axum makes of
 /// the state is a reference count, not a copy.
@@ -67,8 +67,11 @@ pub struct Shared {
     pub admin_token: Option<String>,
     /// The job queues and this replica's workers (`None`: jobs off).
     pub jobs: Option<Arc<Workers>>,
-    /// `max_queued_jobs` per tenant, and for everyone else.
-    pub job_limits: (std::collections::HashMap<String, u64>, u64),
+    /// `max_queued_jobs` per tenant, and for everyone else (live).
+    pub job_limits: Arc<QueueLimits>,
+    /// Re-reads the config file and applies what can change live
+    /// (`POST /admin/reload`, SIGHUP).
+    pub reloader: Arc<Reloader>,
 }
 
 impl AppState {
@@ -88,15 +91,8 @@ impl AppState {
             breakers: gateway.breakers,
             admin_token,
             jobs: gateway.jobs,
-            job_limits: (
-                config
-                    .ratelimit
-                    .tenants
-                    .iter()
-                    .filter_map(|(t, c)| Some((t.clone(), c.max_queued_jobs?)))
-                    .collect(),
-                config.jobs.max_queued_jobs,
-            ),
+            job_limits: gateway.job_limits,
+            reloader: gateway.reloader,
         }))
     }
 }
@@ -124,6 +120,8 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/breakers", get(admin::list))
         .route("/admin/breakers/{dependency}/{action}", post(admin::act))
+        .route("/admin/reload", post(admin::reload))
+        .route("/admin/config", get(admin::config))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit));
     // Identity first, then limits, both before anything expensive (body

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::HeaderMap;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -120,9 +121,17 @@ pub enum Refused {
     },
 }
 
-/// Resolves identities; built once from config.
-#[derive(Debug, Clone)]
+/// Resolves identities. Built from config, and replaced whole by a live
+/// reload ([`Resolver::replace`]): a request reads one snapshot, so it sees
+/// either the old keys or the new ones, never a mix.
+#[derive(Debug)]
 pub struct Resolver {
+    table: ArcSwap<Table>,
+}
+
+/// One config's worth of what [`Resolver`] knows.
+#[derive(Debug)]
+struct Table {
     trusted_proxies: Vec<IpNet>,
     internal: Vec<IpNet>,
     ipv6_prefix: u8,
@@ -132,9 +141,8 @@ pub struct Resolver {
     keyless_paths: Vec<String>,
 }
 
-impl Resolver {
-    /// Builds a resolver from validated config.
-    pub fn new(config: &IdentityConfig) -> Self {
+impl Table {
+    fn new(config: &IdentityConfig) -> Self {
         let keys = config
             .api_keys
             .iter()
@@ -160,6 +168,27 @@ impl Resolver {
             keyless_paths: config.keyless_paths.clone(),
         }
     }
+}
+
+impl Resolver {
+    /// Builds a resolver from validated config.
+    pub fn new(config: &IdentityConfig) -> Self {
+        Self {
+            table: ArcSwap::from_pointee(Table::new(config)),
+        }
+    }
+
+    /// Replaces everything the resolver knows with validated `config`, for
+    /// the next request on. Requests already past the identity layer keep
+    /// the identity they were given.
+    pub fn replace(&self, config: &IdentityConfig) {
+        self.table.store(Arc::new(Table::new(config)));
+    }
+
+    /// How many API keys are registered.
+    pub fn key_count(&self) -> usize {
+        self.table.load().keys.len()
+    }
 
     /// Resolves the whole identity of one request: address, key and user.
     /// An unknown or malformed key is refused in every configuration; a
@@ -171,16 +200,17 @@ impl Resolver {
         headers: &HeaderMap,
         path: &str,
     ) -> Result<Identity, Refused> {
-        let (client_ip, network) = self.network(peer, headers).map_err(Refused::Network)?;
+        let table = self.table.load();
+        let (client_ip, network) = table.network(peer, headers).map_err(Refused::Network)?;
         let mut identity = Identity::anonymous(client_ip, network);
-        if self.keyless_paths.iter().any(|p| path_matches(p, path)) {
+        if table.keyless_paths.iter().any(|p| path_matches(p, path)) {
             // Probes, the scrape endpoint and the admin API (which checks
             // its own bearer token): their credentials are not API keys.
             return Ok(identity);
         }
-        match self.key(headers) {
+        match table.key(headers) {
             Ok(Some(key)) => identity.key = Some(key),
-            Ok(None) if self.requires_key(path) => {
+            Ok(None) if table.requires_key(path) => {
                 return Err(Refused::Key {
                     identity,
                     error: IdentityError::KeyRequired,
@@ -197,15 +227,31 @@ impl Resolver {
         Ok(identity)
     }
 
+    /// The client's grouped IP and network class. Used on its own for
+    /// requests whose key was refused, so key guessing still counts
+    /// against the IP.
+    pub fn network(
+        &self,
+        peer: Option<SocketAddr>,
+        headers: &HeaderMap,
+    ) -> Result<(IpAddr, NetworkClass), IdentityError> {
+        self.table.load().network(peer, headers)
+    }
+
+    /// The API key presented, looked up by hash. `Ok(None)` when none was
+    /// presented.
+    pub fn key(&self, headers: &HeaderMap) -> Result<Option<Arc<KeyInfo>>, IdentityError> {
+        self.table.load().key(headers)
+    }
+}
+
+impl Table {
     /// Whether a request to `path` must present a key.
     fn requires_key(&self, path: &str) -> bool {
         self.require_key || self.require_key_paths.iter().any(|p| path_matches(p, path))
     }
 
-    /// The client's grouped IP and network class. Used on its own for
-    /// requests whose key was refused, so key guessing still counts
-    /// against the IP.
-    pub fn network(
+    fn network(
         &self,
         peer: Option<SocketAddr>,
         headers: &HeaderMap,
@@ -220,9 +266,7 @@ impl Resolver {
         Ok((group(ip, self.ipv6_prefix), class))
     }
 
-    /// The API key presented, looked up by hash. `Ok(None)` when none was
-    /// presented.
-    pub fn key(&self, headers: &HeaderMap) -> Result<Option<Arc<KeyInfo>>, IdentityError> {
+    fn key(&self, headers: &HeaderMap) -> Result<Option<Arc<KeyInfo>>, IdentityError> {
         let Some(raw) = presented_key(headers)? else {
             return Ok(None);
         };

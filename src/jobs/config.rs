@@ -1,6 +1,7 @@
 //! `[jobs]`: the asynchronous job queues (validated with the rest of the
 //! file in `config`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -106,5 +107,33 @@ impl JobsConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// How many jobs each tenant may have queued or running
+/// (`ratelimit.tenants.<t>.max_queued_jobs`, else `jobs.max_queued_jobs`).
+/// A shared, live-reloadable table: a submission reads one snapshot.
+#[derive(Debug, Default)]
+pub struct QueueLimits {
+    table: arc_swap::ArcSwap<(HashMap<String, u64>, u64)>,
+}
+
+impl QueueLimits {
+    /// Limits for these tenants, and `fallback` for everyone else.
+    pub fn new(by_tenant: HashMap<String, u64>, fallback: u64) -> Self {
+        Self {
+            table: arc_swap::ArcSwap::from_pointee((by_tenant, fallback)),
+        }
+    }
+
+    /// The limit of `tenant`.
+    pub fn get(&self, tenant: &str) -> u64 {
+        let table = self.table.load();
+        table.0.get(tenant).copied().unwrap_or(table.1)
+    }
+
+    /// Puts `other`'s limits in force for the next submission on.
+    pub fn replace(&self, other: &QueueLimits) {
+        self.table.store(other.table.load_full());
     }
 }

@@ -26,7 +26,7 @@ mod metrics;
 mod redis;
 mod worker;
 
-pub use config::JobsConfig;
+pub use config::{JobsConfig, QueueLimits};
 pub use memory::InProcessJobStore;
 pub use metrics::JobMetrics;
 pub use redis::RedisJobStore;

@@ -47,7 +47,8 @@ pub struct RateLimitConfig {
     /// Prefix of every store key. Default `levee:rl`.
     pub key_prefix: String,
     /// Paths never limited. Default `/health`, `/ready`, `/metrics`,
-    /// `/admin/*` (the admin API is behind its own token).
+    /// `/openapi.json`, `/admin/*` (the admin API is behind its own token),
+    /// `/v1/jobs/*`.
     pub exempt_paths: Vec<String>,
     /// Named tiers and their limits. Defaults: `API_KEY` 60/min,
     /// `INTERNAL_IP` 120/min, `PUBLIC_IP` 20/min; a file that names some
@@ -208,10 +209,17 @@ impl Default for RateLimitConfig {
             store: StoreKind::Auto,
             algorithm: DEFAULT_ALGORITHM,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            exempt_paths: ["/health", "/ready", "/metrics", "/admin/*", "/v1/jobs/*"]
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
+            exempt_paths: [
+                "/health",
+                "/ready",
+                "/metrics",
+                "/openapi.json",
+                "/admin/*",
+                "/v1/jobs/*",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
             tiers,
             network: NetworkPolicy::default(),
             tenants: BTreeMap::new(),
@@ -231,8 +239,30 @@ impl Default for NetworkPolicy {
     }
 }
 
-fn validate_limits(at: &str, limits: &[LimitConfig]) -> Result<(), ConfigError> {
+fn validate_limits(
+    at: &str,
+    limits: &[LimitConfig],
+    default: Algorithm,
+) -> Result<(), ConfigError> {
     for (i, l) in limits.iter().enumerate() {
+        // A limit's store key names its algorithm, window and shadow flag
+        // (not its value, so a reload that tunes the value keeps the
+        // counters): two limits alike in all three would share counters.
+        let same = |o: &LimitConfig| {
+            o.algorithm.unwrap_or(default) == l.algorithm.unwrap_or(default)
+                && o.window == l.window
+                && o.shadow == l.shadow
+        };
+        if let Some(j) = limits[..i].iter().position(same) {
+            return Err(ConfigError::invalid(
+                format!("{at}[{i}].window"),
+                humantime::format_duration(l.window).to_string(),
+                format!(
+                    "{at}[{j}] has the same window, algorithm and shadow flag; \
+                     keep the one that binds (the smaller limit)"
+                ),
+            ));
+        }
         if l.limit == 0 {
             return Err(ConfigError::invalid(
                 format!("{at}[{i}].limit"),
@@ -298,7 +328,11 @@ impl RateLimitConfig {
                     "tier names use letters, digits, '_', '-' or '.'",
                 ));
             }
-            validate_limits(&format!("ratelimit.tiers.{name}.limits"), &tier.limits)?;
+            validate_limits(
+                &format!("ratelimit.tiers.{name}.limits"),
+                &tier.limits,
+                self.algorithm,
+            )?;
         }
         let tier_exists = |key: &str, tier: &str| {
             if self.tiers.contains_key(tier) {
@@ -324,8 +358,8 @@ impl RateLimitConfig {
         }
         for (name, t) in &self.tenants {
             let at = format!("ratelimit.tenants.{name}");
-            validate_limits(&format!("{at}.limits"), &t.limits)?;
-            validate_limits(&format!("{at}.per_user"), &t.per_user)?;
+            validate_limits(&format!("{at}.limits"), &t.limits, self.algorithm)?;
+            validate_limits(&format!("{at}.per_user"), &t.per_user, self.algorithm)?;
             t.queue_policy(&at)?;
             if t.tokens_per_minute == Some(0) {
                 return Err(ConfigError::invalid(
@@ -350,7 +384,11 @@ impl RateLimitConfig {
                     "a user policy also names its tenant",
                 ));
             }
-            validate_limits(&format!("ratelimit.routes[{i}].limits"), &r.limits)?;
+            validate_limits(
+                &format!("ratelimit.routes[{i}].limits"),
+                &r.limits,
+                self.algorithm,
+            )?;
         }
         Ok(())
     }

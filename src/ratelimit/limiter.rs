@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::HeaderMap;
 use tokio::time::Instant;
 use tracing::field::Empty;
@@ -85,7 +86,10 @@ impl Checked {
 
 /// The limiter.
 pub struct Limiter {
-    policy: Policy,
+    /// Swapped whole by a live reload: each request reads one snapshot.
+    /// The store's counters carry on, since a limit's key names its
+    /// subject and window, not its value.
+    policy: ArcSwap<Policy>,
     store: Arc<dyn LimitStore>,
     /// Local safety limits for fail-open tiers while `store` is down.
     fallback: MemoryStore,
@@ -116,7 +120,7 @@ impl Limiter {
     /// A limiter over `store`.
     pub fn new(policy: Policy, store: Arc<dyn LimitStore>) -> Self {
         Self {
-            policy,
+            policy: ArcSwap::from_pointee(policy),
             store,
             fallback: MemoryStore::new(),
             instance: rand::random(),
@@ -132,9 +136,14 @@ impl Limiter {
         self
     }
 
-    /// The policy.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The policy in force (a snapshot: a reload does not change it).
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load_full()
+    }
+
+    /// Puts `policy` in force for the next request on (a live reload).
+    pub fn replace_policy(&self, policy: Policy) {
+        self.policy.store(Arc::new(policy));
     }
 
     /// The store.
@@ -188,7 +197,7 @@ impl Limiter {
                 HeaderMap::new(),
             ));
         }
-        let replicas = u64::from(self.policy.config().replicas.max(1));
+        let replicas = u64::from(self.policy.load().config().replicas.max(1));
         let local: Vec<LimitSpec> = specs
             .into_iter()
             .map(|mut s| {
@@ -364,7 +373,10 @@ impl Limiter {
     }
 
     async fn admit_inner(&self, identity: &Identity, path: &str) -> Result<HeaderMap, Rejection> {
-        let applied = self.policy.limits(identity, path, identity.user.as_deref());
+        let applied = self
+            .policy
+            .load()
+            .limits(identity, path, identity.user.as_deref());
         if applied.is_empty() {
             return Ok(HeaderMap::new());
         }
@@ -399,7 +411,7 @@ impl Limiter {
     /// anonymous traffic (429 once the IP limit is spent).
     pub async fn refuse_key(&self, identity: &Identity, error: IdentityError) -> Rejection {
         let mut applied = Vec::new();
-        self.policy.network_limits(identity, &mut applied);
+        self.policy.load().network_limits(identity, &mut applied);
         if applied.is_empty() {
             return Rejection::new(error, HeaderMap::new());
         }
@@ -439,7 +451,7 @@ impl Limiter {
         identity: &Identity,
         estimate: u64,
     ) -> Result<Option<TokenReservation>, Rejection> {
-        let Some(mut budget) = self.policy.token_budget(identity) else {
+        let Some(mut budget) = self.policy.load().token_budget(identity) else {
             return Ok(None);
         };
         // A single request larger than the whole budget could never pass;

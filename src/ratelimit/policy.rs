@@ -124,16 +124,17 @@ impl Policy {
     fn spec(&self, scope: &str, subject: &str, l: &LimitConfig, cost: u64) -> LimitSpec {
         let algorithm = l.algorithm.unwrap_or(self.config.algorithm);
         LimitSpec {
-            // Window and limit are both in the key: two limits on one
-            // subject (say 100/min enforced and 2/min shadow) never share
-            // counters. `{scope:subject}` is the key's hash tag: on a
-            // cluster, every limit of one subject lives in one slot.
+            // The algorithm, window and shadow flag are in the key, so two
+            // limits on one subject (say 100/min enforced and 2/min shadow)
+            // never share counters; validation refuses two that would. The
+            // limit's value is not: a reload that tunes it keeps the
+            // subject's counters. `{scope:subject}` is the key's hash tag:
+            // on a cluster, every limit of one subject lives in one slot.
             key: format!(
-                "{}:{}:{{{scope}:{subject}}}:{}:{}{}",
+                "{}:{}:{{{scope}:{subject}}}:{}{}",
                 self.config.key_prefix,
                 algo_code(algorithm),
                 window_label(l.window),
-                l.limit,
                 if l.shadow { ":shadow" } else { "" }
             ),
             algorithm,

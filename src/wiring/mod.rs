@@ -15,7 +15,7 @@ use crate::config::{Config, ConfigError};
 use crate::fairness::{FairQueue, FairnessFamilies, ANONYMOUS_INTERNAL, ANONYMOUS_PUBLIC};
 use crate::health::DependencyHealth;
 use crate::identity::Resolver;
-use crate::jobs::{InProcessJobStore, JobMetrics, JobStore, RedisJobStore, Workers};
+use crate::jobs::{InProcessJobStore, JobMetrics, JobStore, QueueLimits, RedisJobStore, Workers};
 use crate::proxy::{Bounds, DrainBound, Endpoint, GenAiMetrics, Model, Proxy, PASSTHROUGH_MODEL};
 use crate::rag::{ConversationStore, InProcessMemory, IntentRouter, Pipeline, RedisMemory};
 use crate::ratelimit::policy::Policy;
@@ -32,6 +32,7 @@ mod breakers;
 mod fair;
 mod guarded;
 mod jobs;
+mod reload;
 
 pub use crate::fairness::QueuePolicies;
 pub use breakers::Breakers;
@@ -41,6 +42,7 @@ pub use guarded::{
     LimitCall, MemoryCall, SearchCall,
 };
 pub use jobs::{LimiterAdmission, PipelineProcessor, JOBS_PATH};
+pub use reload::{LiveParts, LoadedView, ReloadError, Reloaded, Reloader};
 
 /// Why the gateway could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,10 @@ pub struct Gateway {
     pub breakers: Arc<Breakers>,
     /// The job queues' workers (`None` with `jobs.enabled = false`).
     pub jobs: Option<Arc<Workers>>,
+    /// `max_queued_jobs` per tenant (live).
+    pub job_limits: Arc<QueueLimits>,
+    /// Applies a new config file to the parts that can change live.
+    pub reloader: Arc<Reloader>,
 }
 
 /// Builds the gateway from configuration. `vars` reads secrets such as the
@@ -86,12 +92,23 @@ pub fn build(
     let res = &config.resilience;
     let mut breakers = Breakers::default();
 
+    // One table of tenant queue policies for every fair queue and the job
+    // workers, so a reload reaches them all at once.
+    let queues = queue_policies(config)?;
     let (llm, llm_stacks) = build_llm(config, vars, &obs, &mut breakers)?;
     let llm_queue = llm_queue(config, &obs);
-    let llm = fair_llm(config, llm, llm_queue.clone())?;
-    let proxy = build_proxy(config, vars, &obs, &mut breakers, &llm_stacks, llm_queue)?;
+    let llm = fair_llm(config, llm, llm_queue.clone(), &queues);
+    let proxy = build_proxy(
+        config,
+        vars,
+        &obs,
+        &mut breakers,
+        &llm_stacks,
+        llm_queue,
+        &queues,
+    )?;
     let retriever = build_retriever(config, vars, &obs, &mut breakers)?;
-    let retriever = fair_retriever(config, retriever, &obs)?;
+    let retriever = fair_retriever(config, retriever, &obs, &queues);
 
     let redis = redis_connection(config, res.redis.attempt_timeout)?;
     // One stack for Redis, shared by the limiter store and memory: when its
@@ -141,16 +158,31 @@ pub fn build(
         &pipeline,
         limiter.as_ref(),
         &obs,
-    )?;
+        &queues,
+    );
+    let resolver = Arc::new(Resolver::new(&config.identity));
+    let job_limits = Arc::new(reload::job_limits(config));
+    let reloader = Reloader::new(
+        config,
+        LiveParts {
+            resolver: resolver.clone(),
+            limiter: limiter.clone(),
+            queues,
+            job_limits: job_limits.clone(),
+        },
+        &obs.metrics,
+    );
     Ok(Gateway {
         pipeline,
         proxy: Arc::new(proxy),
-        resolver: Arc::new(Resolver::new(&config.identity)),
+        resolver,
         limiter,
         health,
         metrics: obs.metrics,
         breakers: Arc::new(breakers),
         jobs,
+        job_limits,
+        reloader: Arc::new(reloader),
     })
 }
 
@@ -162,9 +194,10 @@ fn build_jobs(
     pipeline: &Pipeline,
     limiter: Option<&Arc<Limiter>>,
     obs: &Instruments,
-) -> Result<Option<Arc<Workers>>, BuildError> {
+    queues: &QueuePolicies,
+) -> Option<Arc<Workers>> {
     if !config.jobs.enabled {
-        return Ok(None);
+        return None;
     }
     let store: Arc<dyn JobStore> = match redis {
         Some((conn, breaker)) => Arc::new(
@@ -180,11 +213,11 @@ fn build_jobs(
             limiter.cloned(),
             u64::from(config.llm.max_tokens),
         )),
-        queue_policies(config)?,
+        queues.clone(),
         config.jobs.clone(),
     )
     .with_metrics(obs.jobs.clone());
-    Ok(Some(Arc::new(workers)))
+    Some(Arc::new(workers))
 }
 
 /// The fair queue in front of `llm.url` (`[fairness]`), when it is a
@@ -208,18 +241,19 @@ fn fair_llm(
     config: &Config,
     llm: Arc<dyn Llm>,
     queue: Option<FairQueue>,
-) -> Result<Arc<dyn Llm>, BuildError> {
+    queues: &QueuePolicies,
+) -> Arc<dyn Llm> {
     let Some(queue) = queue else {
-        return Ok(llm);
+        return llm;
     };
     let policy = &config.resilience.llm;
-    Ok(Arc::new(FairLlm::new(
+    Arc::new(FairLlm::new(
         llm,
         queue,
-        queue_policies(config)?,
+        queues.clone(),
         u64::from(config.llm.max_tokens),
         policy.deadline,
-    )))
+    ))
 }
 
 /// A remote vector store behind its own fair queues, with the capacity of
@@ -228,9 +262,10 @@ fn fair_retriever(
     config: &Config,
     retriever: Arc<dyn VectorStore>,
     obs: &Instruments,
-) -> Result<Arc<dyn VectorStore>, BuildError> {
+    queues: &QueuePolicies,
+) -> Arc<dyn VectorStore> {
     if !config.fairness.enabled || config.vector_store.url.is_empty() {
-        return Ok(retriever);
+        return retriever;
     }
     let policy = &config.resilience.vector_store;
     let capacity = config
@@ -239,17 +274,17 @@ fn fair_retriever(
         .unwrap_or(policy.bulkhead.max_concurrent);
     let metrics = obs.fairness.dependency("vector_store", &ANONYMOUS_QUEUES);
     let queue = FairQueue::new("vector_store", capacity).with_metrics(metrics);
-    Ok(Arc::new(FairVectorStore::new(
+    Arc::new(FairVectorStore::new(
         retriever,
         queue,
-        queue_policies(config)?,
+        queues.clone(),
         policy.deadline,
-    )))
+    ))
 }
 
 /// Each tenant's queue policy from `ratelimit.tenants`; the `default`
 /// entry (else the built-in defaults) covers everyone else.
-fn queue_policies(config: &Config) -> Result<QueuePolicies, BuildError> {
+pub(crate) fn queue_policies(config: &Config) -> Result<QueuePolicies, BuildError> {
     let mut by_tenant = HashMap::new();
     for (name, t) in &config.ratelimit.tenants {
         by_tenant.insert(
@@ -377,6 +412,7 @@ fn build_proxy(
     breakers: &mut Breakers,
     llm_stacks: &[DependencyStack],
     llm_queue: Option<FairQueue>,
+    queues: &QueuePolicies,
 ) -> Result<Proxy, BuildError> {
     let llm = &config.llm;
     let policy = &config.resilience.llm;
@@ -394,7 +430,7 @@ fn build_proxy(
             bytes: llm.stream_drain_bytes,
         },
     };
-    let policies = queue_policies(config)?;
+    let policies = queues.clone();
     let mut models = Vec::new();
     for model in &llm.models {
         let label: &'static str = Box::leak(model.name.clone().into_boxed_str());

@@ -13,6 +13,9 @@ pub struct Levee {
     child: Option<Child>,
     /// Its listen port.
     pub port: u16,
+    /// The config file it was started with, if any (rewrite it, then
+    /// SIGHUP, to test a live reload).
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 /// Builder for a levee process.
@@ -48,10 +51,12 @@ impl LeveeBuilder {
             .env("LEVEE_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
+        let mut config_path = None;
         if let Some(text) = &self.config {
             let path = std::env::temp_dir().join(format!("levee-test-{port}.toml"));
             std::fs::write(&path, text).expect("write test config");
             cmd.arg("--config").arg(&path);
+            config_path = Some(path);
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
@@ -60,6 +65,7 @@ impl LeveeBuilder {
         let mut levee = Levee {
             child: Some(child),
             port,
+            config_path,
         };
         levee.wait_healthy().await;
         levee

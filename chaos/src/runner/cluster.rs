@@ -613,7 +613,7 @@ mod tests {
         assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
         assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
         assert_eq!(
-            key_slot("levee:rl:sl:{ip:127.0.0.1}:1m:200"),
+            key_slot("levee:rl:sl:{ip:127.0.0.1}:1m"),
             key_slot("ip:127.0.0.1")
         );
     }

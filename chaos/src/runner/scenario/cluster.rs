@@ -9,7 +9,7 @@
 //!
 //! 1. Start the cluster; find the master `M` serving the slot of
 //!    `{ip:127.0.0.1}` (the anonymous loopback load's limit keys,
-//!    `levee:rl:<algo>:{ip:127.0.0.1}:1m:200`), and pick the API key ids
+//!    `levee:rl:<algo>:{ip:127.0.0.1}:1m`), and pick the API key ids
 //!    of the fail-closed tenant and of the probe so that their
 //!    `{key:<id>}` slots are on `M` too: the kill hits every limit key.
 //! 2. Two replicas; 75/s anonymous (`PUBLIC_IP`, 200/min, fail open) and
