@@ -36,6 +36,19 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 /// Default bound on draining in-flight requests at shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default bound on receiving a request's headers
+/// (`server.header_read_timeout`): 10 s.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on a keep-alive connection with no request in flight
+/// (`server.idle_timeout`): 75 s (nginx's `keepalive_timeout`), longer than
+/// the 60 s default of AWS's load balancer, so that the balancer closes
+/// first.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+/// Default cap on concurrent client connections (`server.max_connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default cap on a request's line and header fields
+/// (`server.max_header_bytes`): 32 KiB.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 * 1024;
 /// Default Qdrant collection.
 pub const DEFAULT_COLLECTION: &str = "acme_kb";
 /// Default number of passages retrieved per question.
@@ -92,6 +105,25 @@ pub struct ServerConfig {
     /// Bound on draining in-flight requests at shutdown. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Longest a client may take to send a request's headers, counted from
+    /// the connection's accept or, on a keep-alive connection, from the
+    /// first byte of the request; the connection is closed past it.
+    /// Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long a keep-alive connection may sit with no request in flight
+    /// before it is closed. Default 75 s.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most client connections open at once; at the cap Levee stops
+    /// accepting and the kernel's listen backlog holds the rest. Default
+    /// (unset): 10 000, or the open-files limit less 256 when that is lower,
+    /// so the cap, not EMFILE, pushes back. A value set here is used as is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    /// Largest request line plus header fields, in bytes; larger is a 431.
+    /// Default 32 KiB.
+    pub max_header_bytes: usize,
 }
 
 /// The vector store upstream.
@@ -179,6 +211,10 @@ impl Default for ServerConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: None,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
         }
     }
 }
@@ -310,6 +346,37 @@ impl ServerConfig {
             "server.max_message_bytes",
             self.max_message_bytes,
             "must be between 1 and server.max_body_bytes",
+        )?;
+        self.validate_connection_limits()
+    }
+
+    /// Checks the connection-hardening keys: each bounded on both sides, so
+    /// that no value turns a protection off by being huge.
+    fn validate_connection_limits(&self) -> Result<(), ConfigError> {
+        check_between(
+            "server.header_read_timeout",
+            self.header_read_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        )?;
+        check_between(
+            "server.idle_timeout",
+            self.idle_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
+        check(
+            self.max_connections
+                .is_none_or(|n| (1..=1_000_000).contains(&n)),
+            "server.max_connections",
+            self.max_connections.unwrap_or_default(),
+            "must be between 1 and 1000000",
+        )?;
+        check(
+            (1024..=1024 * 1024).contains(&self.max_header_bytes),
+            "server.max_header_bytes",
+            self.max_header_bytes,
+            "must be between 1024 and 1048576",
         )
     }
 
@@ -564,6 +631,24 @@ fn check_positive(key: &str, value: Duration) -> Result<(), ConfigError> {
         key,
         humantime::format_duration(value).to_string(),
         "must be greater than zero",
+    )
+}
+
+fn check_between(
+    key: &str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
+    check(
+        (min..=max).contains(&value),
+        key,
+        humantime::format_duration(value).to_string(),
+        &format!(
+            "must be between {} and {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ),
     )
 }
 

@@ -36,15 +36,22 @@ pub struct ApiError {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// Levee's error body (the schema in `/openapi.json` is derived from it).
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = LeveeError)]
+pub(super) struct Body<'a> {
+    /// Stable machine-readable code (`rate_limited`, `invalid_request` …).
     error: &'a str,
+    /// Human-readable explanation.
     message: &'a str,
+    /// The request field at fault, on 400 / 422.
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<&'a str>,
+    /// Seconds to wait before retrying (also sent as `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after_s: Option<u64>,
     #[serde(flatten)]
+    #[schema(value_type = super::openapi::ErrorDetails)]
     extra: &'a serde_json::Map<String, serde_json::Value>,
 }
 
@@ -493,17 +500,30 @@ impl IntoResponse for ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct OpenAiBody<'a> {
+/// OpenAI's error body, on the OpenAI-compatible routes (the schema in
+/// `/openapi.json` is derived from it).
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = OpenAiError)]
+pub(super) struct OpenAiBody<'a> {
+    /// The error.
+    #[schema(inline)]
     error: OpenAiInner<'a>,
 }
 
-#[derive(Serialize)]
-struct OpenAiInner<'a> {
+/// The inside of OpenAI's error body.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct OpenAiInner<'a> {
+    /// Human-readable explanation.
     message: &'a str,
+    /// `invalid_request_error`, `requests`, `tokens` or `server_error`.
     #[serde(rename = "type")]
     kind: &'static str,
+    /// The body parameter at fault, if one is.
     param: Option<&'a str>,
+    /// Stable code (`invalid_api_key`, `rate_limit_exceeded`,
+    /// `model_not_found` …); `null` in a deployment's own error passed
+    /// through.
+    #[schema(value_type = Option<String>, required = true)]
     code: &'a str,
 }
 

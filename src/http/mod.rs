@@ -16,8 +16,10 @@ use tower::ServiceBuilder;
 mod admin;
 mod chat;
 mod error;
+mod head;
 mod jobs;
 mod openai;
+mod openapi;
 
 pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
 pub use error::{
@@ -59,6 +61,8 @@ pub struct Shared {
     pub max_body_bytes: usize,
     /// `server.max_message_bytes`.
     pub max_message_bytes: usize,
+    /// `server.max_header_bytes`: a larger request head is a 431.
+    pub max_header_bytes: usize,
     /// The metrics registry, served at `/metrics`.
     pub metrics: Metrics,
     /// Every circuit breaker, for `/ready` and the admin API.
@@ -87,6 +91,7 @@ impl AppState {
             health: gateway.health,
             max_body_bytes: config.server.max_body_bytes,
             max_message_bytes: config.server.max_message_bytes,
+            max_header_bytes: config.server.max_header_bytes,
             metrics: gateway.metrics,
             breakers: gateway.breakers,
             admin_token,
@@ -118,6 +123,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::serve))
         .route("/admin/breakers", get(admin::list))
         .route("/admin/breakers/{dependency}/{action}", post(admin::act))
         .route("/admin/reload", post(admin::reload))
@@ -146,6 +152,12 @@ pub fn router(state: AppState) -> Router {
     // Next: whatever produced a bare error status (axum's 405, a
     // body-limit 413 …) leaves as the JSON error contract.
     let app = app.layer(middleware::from_fn(json_errors));
+    // An oversize head is refused before anything reads it, but inside the
+    // trace layer, so the 431 is counted like every refusal.
+    let app = app.layer(middleware::from_fn_with_state(
+        state.max_header_bytes,
+        head::limit,
+    ));
     // Outside everything that can answer early (429, 503, 401, 413), so
     // every request gets its SERVER span and is counted with the status the
     // client saw.

@@ -33,7 +33,7 @@ pub struct IdentityConfig {
     /// credentials are not API keys: the probes, the scrape endpoint (a
     /// Prometheus bearer token is not a key) and the admin API (its own
     /// token). Same syntax. Default `/health`, `/ready`, `/metrics`,
-    /// `/admin/*`.
+    /// `/openapi.json`, `/admin/*`.
     pub keyless_paths: Vec<String>,
 }
 
@@ -64,7 +64,7 @@ impl Default for IdentityConfig {
             api_keys: Vec::new(),
             require_api_key: false,
             require_api_key_paths: Vec::new(),
-            keyless_paths: ["/health", "/ready", "/metrics", "/admin/*"]
+            keyless_paths: ["/health", "/ready", "/metrics", "/openapi.json", "/admin/*"]
                 .map(String::from)
                 .to_vec(),
         }
