@@ -879,9 +879,9 @@ mod tests {
             tenant: "acme".into(),
             tier: "API_KEY".into(),
         });
-        let state = crate::server::build(&config, |_| None)
-            .await
-            .expect("build");
+        // Built like `server::build` does, without importing the layer above.
+        let gateway = crate::wiring::build(&config, &|_| None).expect("build");
+        let state = super::super::AppState::new(gateway, &config, None);
         super::super::router(state).layer(axum::middleware::map_request(with_peer))
     }
 
