@@ -580,3 +580,60 @@ fn zero_and_absurd_connection_limits_are_refused_naming_the_key_and_value() {
     let err = Config::from_toml("[server]\nmax_connections = -1\n").expect_err("negative");
     assert_eq!(err.key(), "server.max_connections");
 }
+
+#[tokio::test]
+async fn a_trickled_body_gets_408_at_the_body_timeout_and_a_prompt_one_is_served() {
+    let _serial = SERIAL.lock().await;
+    let levee = Levee::builder()
+        .config_text("[server]\nbody_read_timeout = \"1s\"\n")
+        .start()
+        .await;
+    let body = br#"{"message":"What is the PTO policy?","user_id":"u1","thread_id":"t1"}"#;
+    let head = format!(
+        "POST /v1/chat HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    // One byte every 200 ms: never silent for long, never done (the
+    // whole body would take 14 s).
+    let mut slow = connect(&levee).await;
+    slow.write_all(head.as_bytes()).await.expect("head");
+    let started = Instant::now();
+    let (mut rx, mut tx) = slow.into_split();
+    let trickle = tokio::spawn(async move {
+        for b in body.iter() {
+            if tx.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let mut buf = Vec::new();
+    let read = timeout(Duration::from_secs(5), async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut rx, &mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    trickle.abort();
+    assert!(read.is_ok(), "no answer and no close within 5 s");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains(r#""error":"body_timeout""#), "{text}");
+    eprintln!("trickled body: 408 and closed after {took:?} (body_read_timeout 1 s)");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(2),
+        "answered after {took:?}, want the 1 s body timeout (+1 s)"
+    );
+
+    // The same body sent at once is served.
+    let mut prompt = connect(&levee).await;
+    let mut whole = head.into_bytes();
+    whole.extend_from_slice(body);
+    assert_eq!(ask(&mut prompt, &whole).await.status, 200);
+}

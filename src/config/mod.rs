@@ -39,6 +39,9 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Default bound on receiving a request's headers
 /// (`server.header_read_timeout`): 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on receiving a whole request body
+/// (`server.body_read_timeout`): 30 s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default bound on a keep-alive connection with no request in flight
 /// (`server.idle_timeout`): 75 s (nginx's `keepalive_timeout`), longer than
 /// the 60 s default of AWS's load balancer, so that the balancer closes
@@ -111,6 +114,12 @@ pub struct ServerConfig {
     /// Default 10 s.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request's whole body, from the
+    /// end of its headers; past it the answer is 408 `body_timeout` and the
+    /// connection is closed (a trickled body cannot hold a handler and a
+    /// connection slot for ever). Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
     /// How long a keep-alive connection may sit with no request in flight
     /// before it is closed. Default 75 s.
     #[serde(with = "humantime_serde")]
@@ -212,6 +221,7 @@ impl Default for ServerConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: None,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
@@ -356,6 +366,12 @@ impl ServerConfig {
         check_between(
             "server.header_read_timeout",
             self.header_read_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        )?;
+        check_between(
+            "server.body_read_timeout",
+            self.body_read_timeout,
             Duration::from_millis(100),
             Duration::from_secs(300),
         )?;

@@ -96,6 +96,13 @@ impl ApiError {
         rejection: &axum::extract::rejection::BytesRejection,
         limit: usize,
     ) -> Self {
+        if let Some(timeout) = body_timeout(rejection) {
+            return Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                timeout.to_string(),
+            );
+        }
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -580,4 +587,17 @@ impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
         respond(&self)
     }
+}
+
+/// The [`BodyTimeout`](super::BodyTimeout) behind a failed body read, if
+/// that is why it failed.
+pub(super) fn body_timeout(err: &(dyn std::error::Error + 'static)) -> Option<super::BodyTimeout> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cause {
+        if let Some(t) = e.downcast_ref::<super::BodyTimeout>() {
+            return Some(*t);
+        }
+        cause = e.source();
+    }
+    None
 }

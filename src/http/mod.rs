@@ -25,6 +25,7 @@ pub use chat::{parse as parse_chat_request, MAX_ID_LEN};
 pub use error::{
     rescue, respond, respond_as, ApiError, BareStatus, Dialect, Failure, OpenAiFailure,
 };
+pub use head::BodyTimeout;
 
 use crate::config::Config;
 use crate::health::{DependencyHealth, DependencyState};
@@ -61,8 +62,9 @@ pub struct Shared {
     pub max_body_bytes: usize,
     /// `server.max_message_bytes`.
     pub max_message_bytes: usize,
-    /// `server.max_header_bytes`: a larger request head is a 431.
-    pub max_header_bytes: usize,
+    /// `server.max_header_bytes` (a larger request head is a 431) and
+    /// `server.body_read_timeout` (a slower body is a 408).
+    client_limits: head::ClientLimits,
     /// The metrics registry, served at `/metrics`.
     pub metrics: Metrics,
     /// Every circuit breaker, for `/ready` and the admin API.
@@ -91,7 +93,10 @@ impl AppState {
             health: gateway.health,
             max_body_bytes: config.server.max_body_bytes,
             max_message_bytes: config.server.max_message_bytes,
-            max_header_bytes: config.server.max_header_bytes,
+            client_limits: head::ClientLimits {
+                max_header_bytes: config.server.max_header_bytes,
+                body_read_timeout: config.server.body_read_timeout,
+            },
             metrics: gateway.metrics,
             breakers: gateway.breakers,
             admin_token,
@@ -155,7 +160,7 @@ pub fn router(state: AppState) -> Router {
     // An oversize head is refused before anything reads it, but inside the
     // trace layer, so the 431 is counted like every refusal.
     let app = app.layer(middleware::from_fn_with_state(
-        state.max_header_bytes,
+        state.client_limits,
         head::limit,
     ));
     // Outside everything that can answer early (429, 503, 401, 413), so
