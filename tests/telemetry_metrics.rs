@@ -33,6 +33,10 @@ const FAMILIES: &[&str] = &[
     "levee_retry_budget_exhausted_total",
     "levee_upstream_duration_seconds",
     "levee_llm_tokens_total",
+    "levee_config_reloads_total",
+    "levee_config_reload_failures_total",
+    "levee_config_last_reload_successful",
+    "levee_config_loaded_timestamp_seconds",
 ];
 
 const KEY: &str = "acme_key_for_metrics_test";
