@@ -512,3 +512,33 @@ async fn a_remote_vector_store_has_fair_queues_too() {
     assert!(headers.contains_key(header::RETRY_AFTER));
     hog.abort();
 }
+
+#[tokio::test]
+async fn reload_needs_the_admin_token_and_a_file() {
+    let app = app(&config());
+    let reload = |token: Option<&str>| {
+        let mut req = Request::post("/admin/reload");
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        req.body(Body::empty()).expect("request")
+    };
+    let (status, body, _) = send(&app, reload(None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    // Embedded defaults: there is no file to re-read.
+    let (status, body, _) = send(&app, reload(Some("admin-token"))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"], "no_config_file");
+    let config_view = Request::get("/admin/config")
+        .header(header::AUTHORIZATION, "Bearer admin-token")
+        .body(Body::empty())
+        .expect("request");
+    let (status, body, _) = send(&app, config_view).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["path"], Value::Null);
+    assert_eq!(body["reloads"], 0);
+    assert_eq!(
+        body["config"]["identity"]["api_keys"][0]["sha256"], "(redacted)",
+        "{body}"
+    );
+}
