@@ -57,6 +57,10 @@ pub(super) async fn limit(
         );
         return respond_as(Dialect::for_path(req.uri().path()), &err);
     }
+    // A request without a body (GET, HEAD …) has nothing to wait for.
+    if hyper::body::Body::is_end_stream(req.body()) {
+        return next.run(req).await;
+    }
     let timeout = limits.body_read_timeout;
     let req = req.map(|body| {
         Body::new(Deadline {
