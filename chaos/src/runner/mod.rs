@@ -9,6 +9,8 @@
 //! - [`load`]: the open-loop load generator and its samples.
 //! - [`scenario`]: the scenarios and [`scenario::execute`].
 //! - [`report`]: timelines (HDR histograms per 250 ms), JSON and SVG.
+//! - [`soak`]: `levee-chaos soak`, a long mixed load with faults and
+//!   reloads that fails on growth of memory, descriptors or Redis.
 
 pub mod cluster;
 pub mod load;
@@ -17,6 +19,7 @@ pub mod procs;
 pub mod proxy;
 pub mod report;
 pub mod scenario;
+pub mod soak;
 
 use std::path::PathBuf;
 
