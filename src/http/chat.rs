@@ -125,6 +125,21 @@ pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Parses the body, naming the field at fault on a type error.
 pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    // serde also reads a struct from a JSON array of its fields in order
+    // (`["hi","u1","t1"]`): only an object is a chat request (found by
+    // fuzz/chat_request).
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_request",
+                    "the request body must be a JSON object",
+                ),
+                Err(e) => ApiError::malformed_json(e),
+            },
+        );
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed: Result<ChatRequest, _> = serde_path_to_error::deserialize(&mut de);
     let request = match parsed {
@@ -136,7 +151,14 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
                 serde_json::error::Category::Data => {
                     let msg = strip_position(&inner.to_string());
                     if path == "." {
-                        ApiError::invalid_field(field_in(&msg).unwrap_or_default(), msg)
+                        match field_in(&msg) {
+                            Some(field) => ApiError::invalid_field(field, msg),
+                            None => ApiError::new(
+                                StatusCode::UNPROCESSABLE_ENTITY,
+                                "invalid_request",
+                                msg,
+                            ),
+                        }
                     } else {
                         ApiError::invalid_field(path.clone(), format!("field `{path}`: {msg}"))
                     }
@@ -156,8 +178,15 @@ fn strip_position(msg: &str) -> String {
     }
 }
 
-/// The field named in a serde message such as "missing field `message`".
+/// The field named in a serde message such as "missing field `message`"
+/// (other messages quote values, not fields).
 fn field_in(msg: &str) -> Option<String> {
+    if !["missing field", "unknown field", "duplicate field"]
+        .iter()
+        .any(|p| msg.starts_with(p))
+    {
+        return None;
+    }
     let start = msg.find('`')? + 1;
     let end = start + msg[start..].find('`')?;
     Some(msg[start..end].to_owned())
@@ -202,5 +231,45 @@ fn check_id(field: &str, value: &str) -> Result<(), ApiError> {
                 "`{field}` must be 1 to {MAX_ID_LEN} characters of letters, digits, '_', '-', '.', ':' or '@'"
             ),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_json_object_is_a_chat_request() {
+        // serde alone would read these as the fields in order.
+        for body in [
+            r#"["hi","u1","t1"]"#,
+            r#" ["hi","u1","t1",null,1]"#,
+            "42",
+            "true",
+            r#""s""#,
+        ] {
+            let err = parse(body.as_bytes()).expect_err(body);
+            assert_eq!(
+                err.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{body}: {err:?}"
+            );
+            assert_eq!(err.field, None, "{body}: a value is not a field");
+        }
+        assert_eq!(
+            parse(b"[1,").expect_err("syntax").status,
+            StatusCode::BAD_REQUEST
+        );
+        let ok = parse(br#" {"message":"hi","user_id":"u1","thread_id":"t1"}"#);
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn a_missing_or_unknown_field_is_named() {
+        let err = parse(br#"{"message":"hi","user_id":"u1"}"#).expect_err("missing");
+        assert_eq!(err.field.as_deref(), Some("thread_id"));
+        let err = parse(br#"{"message":"hi","user_id":"u1","thread_id":"t","x":1}"#)
+            .expect_err("unknown");
+        assert_eq!(err.field.as_deref(), Some("x"), "{err:?}");
     }
 }

@@ -228,21 +228,53 @@ impl ApiRequest {
     }
 }
 
+/// serde_json's private key for an embedded raw value (its `raw_value`
+/// feature, which axum turns on): an object whose *first* key it is reads
+/// as the JSON text in its string. A rewritten body's keys are sorted, so a
+/// client's inert last key would lead the object sent upstream, which would
+/// then no longer say what the gateway checked (found by fuzz/openai_request).
+const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
+
 fn object(raw: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
-    match serde_json::from_slice::<Value>(raw) {
-        Ok(Value::Object(body)) => Ok(body),
-        Ok(other) => Err(InvalidRequest {
-            param: None,
-            message: format!(
-                "the request body must be a JSON object, got {}",
-                kind(&other)
-            ),
-        }),
-        Err(e) => Err(InvalidRequest {
-            param: None,
-            message: format!("we could not parse the JSON body of your request: {e}"),
-        }),
+    // A `Map`, not a `Value`, at the top: it keeps RAW_VALUE_KEY a plain key.
+    let Ok(body) = serde_json::from_slice::<Map<String, Value>>(raw) else {
+        return Err(not_an_object(raw));
+    };
+    if has_raw_value_key(&body) {
+        return Err(InvalidRequest::param(
+            RAW_VALUE_KEY,
+            format!("'{RAW_VALUE_KEY}' is not a parameter"),
+        ));
     }
+    Ok(body)
+}
+
+/// Why a body that is not a JSON object was refused (the error path only).
+fn not_an_object(raw: &[u8]) -> InvalidRequest {
+    let message = match serde_json::from_slice::<Value>(raw) {
+        Ok(other) => format!(
+            "the request body must be a JSON object, got {}",
+            kind(&other)
+        ),
+        Err(e) => format!("we could not parse the JSON body of your request: {e}"),
+    };
+    InvalidRequest {
+        param: None,
+        message,
+    }
+}
+
+/// Whether RAW_VALUE_KEY is a key anywhere in `body` (bounded by
+/// serde_json's nesting limit of 128).
+fn has_raw_value_key(body: &Map<String, Value>) -> bool {
+    fn within(value: &Value) -> bool {
+        match value {
+            Value::Object(map) => has_raw_value_key(map),
+            Value::Array(items) => items.iter().any(within),
+            _ => false,
+        }
+    }
+    body.contains_key(RAW_VALUE_KEY) || body.values().any(within)
 }
 
 fn model(body: &Map<String, Value>) -> Result<String, InvalidRequest> {
@@ -338,6 +370,25 @@ mod tests {
         let req = chat(text).expect("valid");
         assert!(req.include_usage());
         assert_eq!(req.upstream_body(None), text.as_bytes());
+    }
+
+    #[test]
+    fn serde_json_raw_value_key_is_refused_at_any_depth() {
+        // The rewrite sorts keys: this last key would lead the body upstream.
+        let cases = [
+            r#"{"model":"m","messages":[{"role":"user"}],"$serde_json::private::RawValue":1}"#,
+            r#"{"$serde_json::private::RawValue":"{\"model\":\"m\",\"messages\":[{\"role\":\"u\"}]}"}"#,
+            r#"{"model":"m","messages":[{"role":"user","\u0024serde_json::private::RawValue":"x"}]}"#,
+        ];
+        for text in cases {
+            let err = chat(text).expect_err(text);
+            assert_eq!(err.param.as_deref(), Some(RAW_VALUE_KEY), "{text}");
+        }
+        let err = chat("[1]").expect_err("not an object");
+        assert_eq!(
+            err.message,
+            "the request body must be a JSON object, got an array"
+        );
     }
 
     #[test]
