@@ -19,15 +19,15 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use levee::identity::hash_key;
 use serde_json::Value;
 use support::levee::Levee;
 use support::redis::RedisServer;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
+use support::sim::Sim;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 /// The API key schemathesis authenticates with (a generous tier, so it
@@ -56,62 +56,6 @@ const REQUIRED_CHECKS: [&str; 4] = [
     "content_type_conformance",
     "response_schema_conformance",
 ];
-
-/// A `levee-upstream-sim` process this test started (killed when dropped).
-struct Sim {
-    _child: Child,
-    url: String,
-}
-
-impl Sim {
-    async fn start() -> Self {
-        let mut child = Command::new(sim_binary())
-            .args(["--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn levee-upstream-sim");
-        let stdout = child.stdout.take().expect("sim stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-            .await
-            .expect("levee-upstream-sim did not announce its address within 10 s")
-            .expect("read sim stdout")
-            .expect("levee-upstream-sim exited before listening");
-        let addr = line
-            .strip_prefix(levee_chaos::sim::LISTENING_PREFIX)
-            .unwrap_or_else(|| panic!("unexpected sim output {line:?}"))
-            .trim()
-            .to_owned();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self {
-            _child: child,
-            url: format!("http://{addr}"),
-        }
-    }
-}
-
-/// `levee-upstream-sim` next to the levee binary, built once if missing.
-fn sim_binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_BIN_EXE_levee"))
-            .parent()
-            .expect("binary directory");
-        let bin = dir.join("levee-upstream-sim");
-        if !bin.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-            let status = std::process::Command::new(cargo)
-                .args(["build", "-p", "levee-chaos", "--bin", "levee-upstream-sim"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("run cargo build -p levee-chaos");
-            assert!(status.success(), "building levee-upstream-sim failed");
-        }
-        bin
-    })
-}
 
 /// The venv's `schemathesis`, next to `LEVEE_TEST_PYTHON`; never skipped.
 fn schemathesis() -> PathBuf {

@@ -8,3 +8,4 @@ pub mod levee;
 pub mod otlp;
 pub mod prometheus;
 pub mod redis;
+pub mod sim;
