@@ -14,12 +14,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use levee::identity::hash_key;
+use support::bounded;
 use support::levee::Levee;
 use support::redis::RedisServer;
 use support::sim::Sim;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
-use tokio::time::Instant;
 
 /// The key of tenant [`TENANT`], which has a token budget.
 const TENANT_KEY: &str = "sdk_acme_key";
@@ -63,12 +62,6 @@ fn python() -> &'static Path {
     })
 }
 
-async fn read_all(mut pipe: impl AsyncRead + Unpin) -> String {
-    let mut buf = Vec::new();
-    let _ = pipe.read_to_end(&mut buf).await;
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
 /// Runs `tests/sdk/<script>` with these environment variables and panics,
 /// showing its output, unless it exits 0 within [`SCRIPT_LIMIT`]. Its
 /// stdout (the numbers it measured) is printed either way, for
@@ -76,32 +69,17 @@ async fn read_all(mut pipe: impl AsyncRead + Unpin) -> String {
 #[allow(clippy::print_stdout)]
 async fn run_script(script: &str, env: &[(&str, String)]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
-    let mut child = Command::new(python())
-        .arg(dir.join(script))
-        .current_dir(&dir)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("PYTHONUNBUFFERED", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {} {script}: {e}", python().display()));
-    let stdout = tokio::spawn(read_all(child.stdout.take().expect("stdout")));
-    let stderr = tokio::spawn(read_all(child.stderr.take().expect("stderr")));
-    let started = Instant::now();
-    let status = match tokio::time::timeout(SCRIPT_LIMIT, child.wait()).await {
-        Ok(status) => Some(status.expect("wait for python")),
-        Err(_) => {
-            // Ours, by its handle.
-            let _ = child.kill().await;
-            None
-        }
-    };
-    let took = started.elapsed();
-    let stdout = stdout.await.unwrap_or_default();
-    let stderr = stderr.await.unwrap_or_default();
+    let run = bounded::run(
+        Command::new(python())
+            .arg(dir.join(script))
+            .current_dir(&dir)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("PYTHONUNBUFFERED", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+        SCRIPT_LIMIT,
+    )
+    .await;
+    let (status, took, stdout, stderr) = (run.status, run.took, run.stdout, run.stderr);
     println!("--- {script} ({took:.2?})\n{stdout}");
     match status {
         Some(s) if s.success() => {}

@@ -18,17 +18,15 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use levee::identity::hash_key;
 use serde_json::Value;
+use support::bounded;
 use support::levee::Levee;
 use support::redis::RedisServer;
 use support::sim::Sim;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
-use tokio::time::Instant;
 
 /// The API key schemathesis authenticates with (a generous tier, so it
 /// does not spend its examples on 429s).
@@ -149,12 +147,6 @@ parameters = {{ "header.Idempotency-Key" = "schemathesis-chat" }}
     )
 }
 
-async fn read_all(mut pipe: impl AsyncRead + Unpin) -> String {
-    let mut buf = Vec::new();
-    let _ = pipe.read_to_end(&mut buf).await;
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
 /// What the NDJSON report says: test cases per operation, and per check
 /// the (passed, failed) counts.
 #[derive(Debug, Default)]
@@ -235,29 +227,12 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
         cmd.args(["--include-path", path]);
     }
     let command = format!("{cmd:?}");
-    let mut child = cmd
-        .current_dir(&dir)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-    let stdout = tokio::spawn(read_all(child.stdout.take().expect("stdout")));
-    let stderr = tokio::spawn(read_all(child.stderr.take().expect("stderr")));
-    let started = Instant::now();
-    let status = match tokio::time::timeout(RUN_LIMIT, child.wait()).await {
-        Ok(status) => Some(status.expect("wait for schemathesis")),
-        Err(_) => {
-            // Ours, by its handle.
-            let _ = child.kill().await;
-            None
-        }
-    };
-    let took = started.elapsed();
-    let stdout = stdout.await.unwrap_or_default();
-    let stderr = stderr.await.unwrap_or_default();
+    let run = bounded::run(
+        cmd.current_dir(&dir).env("PYTHONDONTWRITEBYTECODE", "1"),
+        RUN_LIMIT,
+    )
+    .await;
+    let (status, took, stdout, stderr) = (run.status, run.took, run.stdout, run.stderr);
     println!("--- {command}\n--- schemathesis ({took:.2?})\n{stdout}\n{stderr}");
     let status = status.unwrap_or_else(|| {
         panic!("schemathesis did not finish within {RUN_LIMIT:?}\n{stdout}\n{stderr}")

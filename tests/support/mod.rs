@@ -3,6 +3,7 @@
 //! dropped; an in-process OTLP trace receiver.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod bounded;
 pub mod cluster;
 pub mod levee;
 pub mod otlp;
